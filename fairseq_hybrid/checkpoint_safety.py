@@ -1,0 +1,108 @@
+"""Load fairseq checkpoints with ``torch.load``'s safe ``weights_only`` mode on.
+
+Since torch 2.6, ``torch.load`` refuses any pickled global that is not a
+tensor, a builtin container or explicitly allowlisted, which stops a
+malicious checkpoint from running code.  fairseq checkpoints pickle a few
+harmless classes (``argparse.Namespace`` for legacy ``args``, omegaconf
+containers, numpy scalars in the training state), so fairseq's own loader
+fails on them.  Rather than switch safe loading off, we allowlist exactly
+those classes, and turn torch's refusal of anything else into an error that
+says which checkpoint and which global, without the advice to disable the
+check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import pickle
+import re
+
+import numpy as np
+import torch
+
+_INSTALLED = False
+
+
+def allowed_globals() -> list:
+    """The non-builtin classes a fairseq checkpoint may pickle.
+
+    Checkpoints written by this fairseq store ``cfg`` as plain containers and
+    need nothing here; older ones (and other forks) store ``args`` as an
+    ``argparse.Namespace`` or ``cfg`` as omegaconf objects, and a best score
+    can be a numpy scalar.  omegaconf's pickles name the builtin types of
+    their nodes as globals, hence the builtins.
+    """
+    import typing
+
+    from numpy._core.multiarray import scalar
+    from omegaconf import DictConfig, ListConfig, nodes
+    from omegaconf.base import ContainerMetadata, Metadata
+
+    return [
+        argparse.Namespace,
+        collections.defaultdict,
+        DictConfig,
+        ListConfig,
+        ContainerMetadata,
+        Metadata,
+        nodes.AnyNode,
+        nodes.StringNode,
+        nodes.IntegerNode,
+        nodes.FloatNode,
+        nodes.BooleanNode,
+        typing.Any,
+        scalar,
+        np.dtype,
+        type(np.dtype(np.float64)),
+        type(np.dtype(np.float32)),
+        type(np.dtype(np.int64)),
+        dict,
+        list,
+        tuple,
+        int,
+        float,
+        str,
+        bool,
+    ]
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint holds a pickled object outside the allowlist."""
+
+
+_GLOBAL_PATTERN = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _refusal_message(path, err: Exception) -> str:
+    match = _GLOBAL_PATTERN.search(str(err))
+    what = f"the pickled global {match.group(1)}" if match else "a pickled object"
+    return (
+        f"refusing to load checkpoint {path}: it contains {what}, which is not one of the "
+        f"classes fairseq checkpoints need (fairseq_hybrid.checkpoint_safety.allowed_globals). "
+        f"Only load checkpoints you trust; if this one is, add that class with "
+        f"torch.serialization.add_safe_globals before loading."
+    )
+
+
+def install() -> None:
+    """Allowlist fairseq's classes and wrap fairseq's checkpoint loader (once)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    torch.serialization.add_safe_globals(allowed_globals())
+
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.load_checkpoint_to_cpu
+
+    @functools.wraps(original)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        try:
+            return original(path, *args, **kwargs)
+        except pickle.UnpicklingError as err:
+            raise UnsafeCheckpointError(_refusal_message(path, err)) from None
+
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    _INSTALLED = True

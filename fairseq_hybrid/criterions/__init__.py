@@ -1,0 +1,1 @@
+from .hybrid_cross_entropy import HybridCrossEntropyCriterion  # noqa: F401

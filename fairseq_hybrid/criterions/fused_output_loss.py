@@ -1,0 +1,105 @@
+"""Output projection and label-smoothed cross-entropy fused, in row chunks.
+
+The logits of a batch (N target positions x V vocabulary entries) are the
+largest activation of an RNN translation model, and on a CPU the
+memory-bound passes over them (log-softmax, its backward, the gradient of the
+gather and of the smoothing sum, their sum) cost about as much as the output
+matrix multiplications themselves.  This function never builds them: it
+walks the rows in chunks small enough to stay in cache, and for each chunk
+computes the logits, the loss and, right away, the gradient of the loss with
+respect to those logits, which it turns into gradients of the features,
+weight and bias with two matrix multiplications.  ``backward`` only scales
+the stored gradients.
+
+The loss is exactly fairseq's ``label_smoothed_nll_loss`` (summed, padding
+ignored): with ``a = 1 - eps - eps_i`` and ``eps_i = eps / (V - 1)``,
+``loss = a * nll + eps_i * smooth``, ``nll = lse - x_y``,
+``smooth = V * lse - sum_v x_v``, whose gradient with respect to logit
+``x_v`` is ``p_v (a + eps_i V) - eps_i - a [v = y]``.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+class FusedLinearLabelSmoothedCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, features, weight, bias, target, epsilon, chunk_rows, want_correct):
+        num_classes = weight.size(0)
+        eps_i = epsilon / (num_classes - 1)
+        a = 1.0 - epsilon - eps_i
+        needs_grad = any(ctx.needs_input_grad[:3])
+        # Half-precision features get float32 logits and sums; float64 stays float64.
+        dtype = torch.promote_types(features.dtype, torch.float32)
+        loss = features.new_zeros((), dtype=dtype)
+        nll = features.new_zeros((), dtype=dtype)
+        correct = torch.zeros((), dtype=torch.long, device=features.device)
+        if needs_grad:
+            grad_features = torch.empty_like(features)
+            grad_weight = torch.zeros_like(weight, dtype=dtype)
+            grad_bias = torch.zeros(num_classes, dtype=dtype, device=weight.device)
+        for start in range(0, features.size(0), chunk_rows):
+            rows = features[start : start + chunk_rows]
+            labels = target[start : start + chunk_rows]
+            logits = torch.addmm(bias, rows, weight.t()).to(dtype)
+            if want_correct:
+                correct += logits.argmax(1).eq(labels).sum()
+            lse = torch.logsumexp(logits, dim=1)
+            chunk_nll = lse - logits.gather(1, labels.unsqueeze(1)).squeeze(1)
+            chunk_smooth = num_classes * lse - logits.sum(1)
+            nll += chunk_nll.sum()
+            loss += a * chunk_nll.sum() + eps_i * chunk_smooth.sum()
+            if needs_grad:
+                grad = logits.sub_(lse.unsqueeze(1)).exp_().mul_(a + eps_i * num_classes).sub_(eps_i)
+                grad.scatter_add_(1, labels.unsqueeze(1), grad.new_full((labels.size(0), 1), -a))
+                grad_features[start : start + chunk_rows] = grad.to(rows.dtype) @ weight
+                grad_weight.addmm_(grad.t(), rows.to(dtype))
+                grad_bias += grad.sum(0)
+        if needs_grad:
+            ctx.save_for_backward(grad_features, grad_weight.to(weight.dtype), grad_bias.to(bias.dtype))
+        ctx.mark_non_differentiable(nll, correct)
+        return loss, nll, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll, _grad_correct):
+        grad_features, grad_weight, grad_bias = ctx.saved_tensors
+        return (
+            grad_features * grad_loss.to(grad_features.dtype),
+            grad_weight * grad_loss.to(grad_weight.dtype),
+            grad_bias * grad_loss.to(grad_bias.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def fused_linear_label_smoothed_ce(
+    features: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    target: Tensor,
+    epsilon: float,
+    ignore_index: Optional[int],
+    chunk_rows: int = 256,
+    want_correct: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Summed ``(loss, nll_loss, n_correct, n_counted)`` of
+    ``label_smoothed_nll_loss(log_softmax(features @ weight.T + bias), target)``.
+
+    ``features`` ... x D and ``target`` ... of the same leading shape.
+    Positions whose target is ``ignore_index`` are dropped before any work.
+    """
+    features = features.reshape(-1, features.size(-1))
+    target = target.reshape(-1)
+    if ignore_index is not None:
+        keep = target.ne(ignore_index).nonzero().squeeze(1)
+        if keep.numel() < target.numel():
+            features = features.index_select(0, keep)
+            target = target.index_select(0, keep)
+    loss, nll, correct = FusedLinearLabelSmoothedCE.apply(
+        features, weight, bias, target, float(epsilon), int(chunk_rows), bool(want_correct)
+    )
+    return loss, nll, correct, torch.tensor(target.numel(), device=target.device)

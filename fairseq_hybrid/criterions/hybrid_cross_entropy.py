@@ -1,0 +1,94 @@
+"""``hybrid_cross_entropy``: label-smoothed cross-entropy over the
+attention-softmax part of a ``hybrid_lstm`` model.
+
+fairseq's ``label_smoothed_cross_entropy`` asks the model for the full
+B x T x V logits and then computes the loss.  Here the criterion supplies
+only the loss of one batch shard (from the attentional features and the
+output projection, summed) and the model decides where the attention-softmax
+part runs: on one device as one shard, or split along the batch across
+devices by the hybrid engine.  By default the output projection and the loss
+are fused (:mod:`.fused_output_loss`), so the logits are never stored;
+``--output-loss-chunk-rows 0`` computes them in full and applies fairseq's
+own ``label_smoothed_nll_loss``.  Logging outputs and metrics are exactly
+those of ``label_smoothed_cross_entropy``.
+"""
+
+from dataclasses import dataclass, field
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+    label_smoothed_nll_loss,
+)
+from torch import Tensor
+
+from .fused_output_loss import fused_linear_label_smoothed_ce
+
+
+@dataclass
+class HybridCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    output_loss_chunk_rows: int = field(
+        default=256,
+        metadata={
+            "help": "fuse the output projection with the loss over chunks of this many target "
+            "positions, never storing the logits; 0 computes full logits and fairseq's loss"
+        },
+    )
+
+
+@register_criterion("hybrid_cross_entropy", dataclass=HybridCrossEntropyConfig)
+class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
+                 output_loss_chunk_rows=256):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        if output_loss_chunk_rows < 0:
+            raise ValueError(f"--output-loss-chunk-rows must be >= 0, got {output_loss_chunk_rows}")
+        self.chunk_rows = output_loss_chunk_rows
+
+    def shard_loss(self, features: Tensor, weight: Tensor, bias: Tensor, target: Tensor) -> Tuple[Tensor, ...]:
+        """Summed ``(loss, nll_loss, n_correct, total)`` of one batch shard."""
+        if self.ignore_prefix_size > 0:
+            features = features[:, self.ignore_prefix_size :, :]
+            target = target[:, self.ignore_prefix_size :]
+        if self.chunk_rows > 0:
+            return fused_linear_label_smoothed_ce(
+                features, weight, bias, target, self.eps, self.padding_idx, self.chunk_rows, self.report_accuracy
+            )
+        lprobs = utils.log_softmax(F.linear(features, weight, bias), dim=-1)
+        lprobs = lprobs.reshape(-1, lprobs.size(-1))
+        target = target.reshape(-1)
+        loss, nll_loss = label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=True)
+        mask = target.ne(self.padding_idx)
+        n_correct = torch.sum(lprobs.argmax(1).masked_select(mask).eq(target.masked_select(mask)))
+        return loss, nll_loss, n_correct, torch.sum(mask)
+
+    def forward(self, model, sample, reduce=True):
+        if not hasattr(model, "forward_rnn"):
+            raise TypeError(
+                f"--criterion hybrid_cross_entropy needs a hybrid_lstm model (--arch hybrid_lstm_*), "
+                f"got {type(model).__name__}; use label_smoothed_cross_entropy for other models"
+            )
+        if not reduce:
+            # Per-token losses are only needed for scoring, never for the
+            # data-parallel path: the plain full-logits computation does it.
+            return super().forward(model, sample, reduce=False)
+        rnn_out = model.forward_rnn(**sample["net_input"])
+        target = model.get_targets(sample, None)
+        loss, nll_loss, n_correct, total = model.attention_softmax_loss(rnn_out, target, self.shard_loss)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
+        if self.report_accuracy:
+            logging_output["n_correct"] = utils.item(n_correct.data)
+            logging_output["total"] = utils.item(total.data)
+        return loss, sample_size, logging_output

@@ -1,0 +1,1 @@
+from .hybrid_lstm import HybridLSTMModel  # noqa: F401

@@ -1,0 +1,256 @@
+"""``hybrid_lstm``: an LSTM encoder-decoder built for hybrid parallel training.
+
+The model is two explicit parts (see ``forward_rnn`` and
+``attention_softmax_loss``):
+
+* the *RNN part*: encoder and decoder LSTM stacks
+  (:mod:`fairseq_hybrid.models.lstm_stacks`), which the hybrid engine runs
+  model-parallel, one layer per device;
+* the *attention-softmax part*
+  (:mod:`fairseq_hybrid.models.attention_softmax`), which is independent per
+  sentence and therefore runs data-parallel over batch shards.
+
+Without input feeding the decoder stack never waits for attention, so in
+training each decoder layer is one whole-sequence ``nn.LSTM`` call; step by
+step decoding (beam search) carries each layer's ``(h, c)`` in fairseq's
+``incremental_state``.
+"""
+
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+from torch import Tensor
+
+from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
+from .lstm_stacks import LSTMDecoderStack, LSTMEncoderStack
+
+
+@dataclass
+class HybridLSTMConfig(FairseqDataclass):
+    dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
+    encoder_embed_dim: int = field(default=256, metadata={"help": "encoder embedding dimension"})
+    encoder_hidden_size: int = field(default=256, metadata={"help": "encoder LSTM hidden size (per direction)"})
+    encoder_layers: int = field(default=2, metadata={"help": "number of encoder layers"})
+    encoder_bidirectional_layers: int = field(
+        default=1, metadata={"help": "number of bidirectional layers at the bottom of the encoder"}
+    )
+    decoder_embed_dim: int = field(default=256, metadata={"help": "decoder embedding dimension"})
+    decoder_hidden_size: int = field(default=256, metadata={"help": "decoder LSTM hidden size"})
+    decoder_layers: int = field(default=2, metadata={"help": "number of decoder layers"})
+    decoder_out_embed_dim: int = field(
+        default=256, metadata={"help": "size of the attentional layer tanh(W[c;h]) before the output projection"}
+    )
+    attention_type: ChoiceEnum(ATTENTION_TYPES) = field(
+        default="general", metadata={"help": "Luong attention score: dot, general or mlp (Bahdanau concat)"}
+    )
+    residual: bool = field(
+        default=False, metadata={"help": "residual connections around layers whose input and output sizes match"}
+    )
+    share_decoder_input_output_embed: bool = field(
+        default=False, metadata={"help": "tie the decoder's input embedding and output projection"}
+    )
+    max_source_positions: int = field(default=1024, metadata={"help": "longest source sentence accepted"})
+    max_target_positions: int = field(default=1024, metadata={"help": "longest target sentence accepted"})
+
+
+class RNNOutput(NamedTuple):
+    """What the RNN part hands to the attention-softmax part, batch first."""
+
+    decoder_states: Tensor  # B x T x H, top decoder layer
+    encoder_states: Tensor  # B x S x C, top encoder layer
+    encoder_padding_mask: Tensor  # B x S, True at padding
+
+
+class HybridLSTMEncoder(FairseqEncoder):
+    def __init__(self, dictionary, cfg):
+        super().__init__(dictionary)
+        self.stack = LSTMEncoderStack(
+            num_embeddings=len(dictionary),
+            padding_idx=dictionary.pad(),
+            embed_dim=cfg.encoder_embed_dim,
+            hidden_size=cfg.encoder_hidden_size,
+            num_layers=cfg.encoder_layers,
+            num_bidirectional=cfg.encoder_bidirectional_layers,
+            dropout=cfg.dropout,
+            residual=cfg.residual,
+        )
+        self.max_source_positions = cfg.max_source_positions
+
+    def forward(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
+        return self.stack(src_tokens, src_lengths)
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+        return {key: [t.index_select(0, new_order) for t in value] for key, value in encoder_out.items()}
+
+    def max_positions(self) -> int:
+        return self.max_source_positions
+
+
+class HybridLSTMDecoder(FairseqIncrementalDecoder):
+    def __init__(self, dictionary, cfg, encoder_stack: LSTMEncoderStack):
+        super().__init__(dictionary)
+        self.stack = LSTMDecoderStack(
+            num_embeddings=len(dictionary),
+            padding_idx=dictionary.pad(),
+            embed_dim=cfg.decoder_embed_dim,
+            hidden_size=cfg.decoder_hidden_size,
+            num_layers=cfg.decoder_layers,
+            encoder_state_sizes=[size for _, size, _ in encoder_stack.sizes],
+            dropout=cfg.dropout,
+            residual=cfg.residual,
+        )
+        self.attention_softmax = AttentionSoftmax(
+            attention_type=cfg.attention_type,
+            decoder_hidden_size=cfg.decoder_hidden_size,
+            encoder_output_size=encoder_stack.output_size,
+            out_embed_dim=cfg.decoder_out_embed_dim,
+            num_embeddings=len(dictionary),
+            dropout=cfg.dropout,
+            tied_weight=self.stack.embed_tokens.weight if cfg.share_decoder_input_output_embed else None,
+        )
+        self.max_target_positions = cfg.max_target_positions
+
+    def forward_rnn(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Dict[str, List[Tensor]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+    ) -> Tensor:
+        """Top decoder states B x T x H (B x 1 x H when decoding incrementally)."""
+        states = None
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            cached = self.get_incremental_state(incremental_state, "cached_state")
+            if cached is not None:
+                states = list(zip(cached["h"].unbind(0), cached["c"].unbind(0)))
+        top, new_states = self.stack(prev_output_tokens, encoder_out, states)
+        if incremental_state is not None:
+            self.set_incremental_state(
+                incremental_state,
+                "cached_state",
+                {"h": torch.stack([h for h, _ in new_states]), "c": torch.stack([c for _, c in new_states])},
+            )
+        return top
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
+        states = self.forward_rnn(prev_output_tokens, encoder_out, incremental_state)
+        logits, attn = self.attention_softmax(
+            states, encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
+        )
+        return logits, {"attn": [attn]}
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        cached = self.get_incremental_state(incremental_state, "cached_state")
+        if cached is None:
+            return
+        self.set_incremental_state(
+            incremental_state,
+            "cached_state",
+            {key: value.index_select(1, new_order) for key, value in cached.items()},
+        )
+
+    def max_positions(self) -> int:
+        return self.max_target_positions
+
+
+# The loss over a shard of the attention-softmax part: (attentional features
+# B' x T x D, output weight V x D, output bias V, target B' x T) -> tuple of
+# summed scalars.  Sums add up across shards.
+ShardLoss = Callable[[Tensor, Tensor, Tensor, Tensor], Tuple[Tensor, ...]]
+
+
+@register_model("hybrid_lstm", dataclass=HybridLSTMConfig)
+class HybridLSTMModel(FairseqEncoderDecoderModel):
+    """LSTM encoder-decoder without input feeding, split into an RNN part and
+    an attention-softmax part for hybrid data/model parallel training."""
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        hybrid_lstm_base_architecture(cfg)
+        encoder = HybridLSTMEncoder(task.source_dictionary, cfg)
+        decoder = HybridLSTMDecoder(task.target_dictionary, cfg, encoder.stack)
+        return cls(encoder, decoder)
+
+    def forward_rnn(self, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor, **unused) -> RNNOutput:
+        """The RNN part: encoder and decoder stacks under teacher forcing."""
+        encoder_out = self.encoder(src_tokens, src_lengths)
+        decoder_states = self.decoder.forward_rnn(prev_output_tokens, encoder_out)
+        return RNNOutput(
+            decoder_states, encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
+        )
+
+    def attention_softmax_loss(self, rnn_out: RNNOutput, target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
+        """The attention-softmax part followed by ``shard_loss``.
+
+        On one device this is a single shard.  Because ``shard_loss`` returns
+        sums, splitting the batch into shards and adding their results gives
+        the same value, which is what the data-parallel half of the hybrid
+        scheme relies on.
+        """
+        part = self.decoder.attention_softmax
+        features, _ = part.features(*rnn_out)
+        return shard_loss(features, part.output_weight, part.output_bias, target)
+
+
+def _set_defaults(cfg, **defaults):
+    for name, value in defaults.items():
+        if getattr(cfg, name, None) is None:
+            setattr(cfg, name, value)
+
+
+def hybrid_lstm_base_architecture(cfg):
+    """Fill every option the user and the preset left unset (``--arch
+    hybrid_lstm`` itself is registered by ``register_model`` with the
+    dataclass defaults)."""
+    _set_defaults(
+        cfg,
+        **{name: f.default for name, f in HybridLSTMConfig.__dataclass_fields__.items()},
+    )
+
+
+@register_model_architecture("hybrid_lstm", "hybrid_lstm_tiny")
+def hybrid_lstm_tiny(cfg):
+    """A few thousand parameters per layer: for tests and smoke runs."""
+    _set_defaults(
+        cfg,
+        encoder_embed_dim=32,
+        encoder_hidden_size=32,
+        decoder_embed_dim=32,
+        decoder_hidden_size=32,
+        decoder_out_embed_dim=32,
+        dropout=0.0,
+    )
+    hybrid_lstm_base_architecture(cfg)
+
+
+@register_model_architecture("hybrid_lstm", "hybrid_lstm_base")
+def hybrid_lstm_base(cfg):
+    """The Tatoeba ja-en default: 2+2 layers of 256, bottom layer bidirectional."""
+    hybrid_lstm_base_architecture(cfg)
+
+
+@register_model_architecture("hybrid_lstm", "hybrid_lstm_paper")
+def hybrid_lstm_paper(cfg):
+    """The size of a patent-scale run: 4 encoder + 4 decoder layers of 1024."""
+    _set_defaults(
+        cfg,
+        encoder_embed_dim=512,
+        encoder_hidden_size=1024,
+        encoder_layers=4,
+        decoder_embed_dim=512,
+        decoder_hidden_size=1024,
+        decoder_layers=4,
+        decoder_out_embed_dim=1024,
+        dropout=0.2,
+    )
+    hybrid_lstm_base_architecture(cfg)

