@@ -36,7 +36,10 @@ def allowed_globals() -> list:
     """
     import typing
 
-    from numpy._core.multiarray import scalar
+    try:
+        from numpy._core.multiarray import scalar
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import scalar
     from omegaconf import DictConfig, ListConfig, nodes
     from omegaconf.base import ContainerMetadata, Metadata
 

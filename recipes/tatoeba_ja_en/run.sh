@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tatoeba ja-en from raw corpus to BLEU, on the CPU, in about 20 minutes.
 #
-#   bash recipes/tatoeba_ja_en/run.sh                  # hybrid_lstm_base, 1000 updates
+#   bash recipes/tatoeba_ja_en/run.sh                  # hybrid_lstm_base, 1500 updates
 #   bash recipes/tatoeba_ja_en/run.sh --arch lstm      # fairseq's LSTM, same size, data and updates
 #   bash recipes/tatoeba_ja_en/run.sh --max-update 8000     # a longer run
 #
@@ -22,7 +22,7 @@ repo="$(cd "$here/../.." && pwd)"
 arch=hybrid_lstm_base
 work="$repo/work/tatoeba_ja_en"
 train_minutes=0
-max_update=1000
+max_update=1500
 steps=download,prepare,spm,binarize,train,generate,score
 vocab_size=8000
 threads=2
@@ -128,8 +128,8 @@ if has_step train && [[ "$(cat "$run/.train_done" 2>/dev/null)" != "$train_key" 
   # shellcheck disable=SC2046
   OMP_NUM_THREADS="$threads" fairseq-train "$bin" --cpu $(model_args) \
     --label-smoothing 0.1 --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
-    --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 300 --warmup-init-lr 1e-4 \
-    --max-tokens 3000 --max-source-positions 64 --max-target-positions 64 \
+    --lr 0.003 --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-4 \
+    --max-tokens 2000 \
     --skip-invalid-size-inputs-valid-test --seed 1 --num-workers 0 \
     --save-dir "$run/checkpoints" --no-epoch-checkpoints --save-interval-updates 500 \
     --keep-interval-updates 1 --log-format simple --log-interval 50 \
@@ -140,10 +140,13 @@ fi
 checkpoint="$run/checkpoints/checkpoint_last.pt"
 if has_step generate && [[ ! -f "$run/hyp.en" || "$checkpoint" -nt "$run/hyp.en" ]]; then
   log "generate: beam 5 on the test split"
-  user_dir=()
-  [[ "$arch" != lstm ]] && user_dir=(--user-dir "$repo/fairseq_hybrid")
-  fairseq-generate "$bin" "${user_dir[@]}" --cpu --path "$checkpoint" \
+  # --required-batch-size-multiple 1: with fairseq's default of 8 the last
+  # batch is dropped when its size is not a multiple of 8 (fairseq issue 5036).
+  # --user-dir also for fairseq's lstm: it makes torch.load accept the
+  # argparse.Namespace such checkpoints hold, with weights_only kept on.
+  fairseq-generate "$bin" --user-dir "$repo/fairseq_hybrid" --cpu --path "$checkpoint" \
     --gen-subset test --beam 5 --max-tokens 8000 --remove-bpe sentencepiece \
+    --required-batch-size-multiple 1 \
     > "$run/generate.out"
   grep '^H-' "$run/generate.out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$run/hyp.en.tmp"
   mv "$run/hyp.en.tmp" "$run/hyp.en"
