@@ -70,3 +70,34 @@ def test_train_generate_interactive_and_resume(binarized):
                       "--path", checkpoint, "--beam", "3", "--source-lang", "ja", "--target-lang", "en",
                       "--max-len-b", "20", input="▁ 何 か して み ま し ょ う 。\n")
     assert re.search(r"^H-0\t-?[\d.]+\t", interactive.stdout, re.M), interactive.stdout
+
+
+HYDRA_CONFIG = """\
+# @package _global_
+common: {{user_dir: {user_dir}, cpu: true, log_format: simple, seed: 2}}
+task: {{_name: translation, data: {data}, source_lang: ja, target_lang: en}}
+model: {{_name: hybrid_lstm, encoder_hidden_size: 24, encoder_embed_dim: 16, decoder_hidden_size: 24,
+        decoder_embed_dim: 16, decoder_out_embed_dim: 16, attention_type: mlp}}
+criterion: {{_name: hybrid_cross_entropy, label_smoothing: 0.1}}
+optimizer: {{_name: adam}}
+lr_scheduler: {{_name: fixed}}
+optimization: {{lr: [0.005], max_epoch: 1}}
+dataset: {{max_tokens: 2000}}
+checkpoint: {{save_dir: {save_dir}}}
+"""
+
+
+def test_fairseq_hydra_train(binarized, tmp_path):
+    import torch
+
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    (config_dir / "tiny.yaml").write_text(
+        HYDRA_CONFIG.format(user_dir=USER_DIR, data=binarized / "bin", save_dir=tmp_path / "checkpoints")
+    )
+    run(os.path.join(BIN, "fairseq-hydra-train"), "--config-dir", config_dir, "--config-name", "tiny",
+        cwd=tmp_path)
+    state = torch.load(tmp_path / "checkpoints" / "checkpoint_last.pt")
+    assert state["cfg"]["model"]["encoder_hidden_size"] == 24
+    assert state["cfg"]["model"]["attention_type"] == "mlp"
+    assert state["model"]["decoder.attention_softmax.attention.score_proj.weight"].shape == (1, 24)
