@@ -7,8 +7,9 @@ fairseq_hybrid``) registers with fairseq:
   ``hybrid_lstm_base``, ``hybrid_lstm_paper``),
 * the ``hybrid_cross_entropy`` criterion,
 
-and allowlists the classes that fairseq checkpoints pickle, so that
-``torch.load``'s safe ``weights_only`` mode can stay on.
+allowlists the classes that fairseq checkpoints pickle, so that
+``torch.load``'s safe ``weights_only`` mode can stay on, and lets a
+checkpoint from a hybrid group load where its devices are missing.
 """
 
 __version__ = "0.1.0"
@@ -16,5 +17,9 @@ __version__ = "0.1.0"
 from . import checkpoint_safety  # noqa: E402
 
 checkpoint_safety.install()
+
+from . import checkpoint_portability  # noqa: E402
+
+checkpoint_portability.install()
 
 from . import criterions, models  # noqa: E402,F401

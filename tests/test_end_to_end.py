@@ -101,3 +101,42 @@ def test_fairseq_hydra_train(binarized, tmp_path):
     assert state["cfg"]["model"]["encoder_hidden_size"] == 24
     assert state["cfg"]["model"]["attention_type"] == "mlp"
     assert state["model"]["decoder.attention_softmax.attention.score_proj.weight"].shape == (1, 24)
+
+
+def train_updates(work, name, *extra):
+    save_dir = work / name
+    run(
+        os.path.join(BIN, "fairseq-train"), work / "bin", "--user-dir", USER_DIR, "--cpu",
+        "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--lr", "0.005", "--clip-norm", "1.0", "--max-tokens", "600", "--max-update", "20",
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", "3", "--no-progress-bar", *extra,
+    )
+    return save_dir / "checkpoint_last.pt"
+
+
+def test_hybrid_group_through_fairseq_train_and_generate(binarized, tmp_path):
+    """20 updates on 2 CPU devices (each mode) through the real
+    trainer give the single-device parameters; the group's checkpoint then
+    generates on one device, also where its recorded devices are missing."""
+    import torch
+
+    single = torch.load(train_updates(binarized, "single"))
+    assert single["optimizer_history"][-1]["num_updates"] == 20
+    for mode in ("hybrid", "model", "data"):
+        checkpoint = train_updates(binarized, f"group_{mode}", "--hybrid-devices", "cpu,cpu", "--hybrid-mode", mode)
+        group = torch.load(checkpoint)
+        assert group["cfg"]["model"]["hybrid_devices"] == "cpu,cpu"
+        assert group["model"].keys() == single["model"].keys()
+        for name, value in single["model"].items():
+            torch.testing.assert_close(group["model"][name], value, rtol=1e-5, atol=1e-6, msg=f"{mode}: {name}")
+
+    # The same checkpoint as if written on two GPUs, loaded on this machine.
+    group["cfg"]["model"]["hybrid_devices"] = "cuda:0,cuda:1"
+    moved = tmp_path / "from_two_gpus.pt"
+    torch.save(group, moved)
+    generated = run(os.path.join(BIN, "fairseq-generate"), binarized / "bin", "--user-dir", USER_DIR, "--cpu",
+                    "--path", moved, "--beam", "2", "--max-tokens", "4000", "--max-len-b", "10",
+                    "--required-batch-size-multiple", "1")
+    assert len([line for line in generated.stdout.splitlines() if line.startswith("H-")]) == 200
+    if not torch.cuda.is_available():
+        assert "loading it on one device" in generated.stderr + generated.stdout

@@ -85,7 +85,9 @@ def test_padding_does_not_change_a_sentence(dictionaries):
 
 
 @pytest.mark.parametrize("overrides", [{}, {"residual": True, "encoder_layers": 3, "decoder_layers": 3},
-                                       {"decoder_layers": 3}, {"share_decoder_input_output_embed": True}])
+                                       {"decoder_layers": 3}, {"share_decoder_input_output_embed": True},
+                                       {"hybrid_devices": "cpu,cpu"},
+                                       {"hybrid_devices": "3", "encoder_layers": 3, "decoder_layers": 3}])
 def test_incremental_decoding_equals_full_forward(dictionaries, overrides):
     src_dict, tgt_dict = dictionaries
     model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **overrides).eval()

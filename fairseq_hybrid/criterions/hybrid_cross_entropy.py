@@ -68,7 +68,7 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         return loss, nll_loss, n_correct, torch.sum(mask)
 
     def forward(self, model, sample, reduce=True):
-        if not hasattr(model, "forward_rnn"):
+        if not hasattr(model, "compute_loss"):
             raise TypeError(
                 f"--criterion hybrid_cross_entropy needs a hybrid_lstm model (--arch hybrid_lstm_*), "
                 f"got {type(model).__name__}; use label_smoothed_cross_entropy for other models"
@@ -77,9 +77,8 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             # Per-token losses are only needed for scoring, never for the
             # data-parallel path: the plain full-logits computation does it.
             return super().forward(model, sample, reduce=False)
-        rnn_out = model.forward_rnn(**sample["net_input"])
         target = model.get_targets(sample, None)
-        loss, nll_loss, n_correct, total = model.attention_softmax_loss(rnn_out, target, self.shard_loss)
+        loss, nll_loss, n_correct, total = model.compute_loss(sample["net_input"], target, self.shard_loss)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,

@@ -107,7 +107,12 @@ class AttentionSoftmax(nn.Module):
         """``decoder_states`` B x T x H, ``encoder_states`` B x S x C,
         ``encoder_padding_mask`` B x S (True at padding).  Returns the
         attentional states B x T x D (the input of the output projection)
-        and the attention weights B x T x S."""
+        and the attention weights B x T x S.  Inputs move to this part's
+        device (the RNN layers may live elsewhere)."""
+        device = self.output_bias.device
+        decoder_states, encoder_states = decoder_states.to(device), encoder_states.to(device)
+        if encoder_padding_mask is not None:
+            encoder_padding_mask = encoder_padding_mask.to(device)
         context, weights = self.attention(decoder_states, encoder_states, encoder_padding_mask)
         attentional = torch.tanh(self.attentional(torch.cat([context, decoder_states], dim=-1)))
         return self.dropout(attentional), weights

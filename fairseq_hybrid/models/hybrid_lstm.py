@@ -17,6 +17,7 @@ step decoding (beam search) carries each layer's ``(h, c)`` in fairseq's
 """
 
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -31,8 +32,12 @@ from fairseq.models import (
 )
 from torch import Tensor
 
+from ..parallel.batch_shards import batch_slices, replicas_on, sum_on
+from ..parallel.device_plan import MODES, DevicePlan, build_plan, plan_table
 from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
 from .lstm_stacks import LSTMDecoderStack, LSTMEncoderStack
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,6 +66,27 @@ class HybridLSTMConfig(FairseqDataclass):
     )
     max_source_positions: int = field(default=1024, metadata={"help": "longest source sentence accepted"})
     max_target_positions: int = field(default=1024, metadata={"help": "longest target sentence accepted"})
+    hybrid_devices: str = field(
+        default="",
+        metadata={
+            "help": "devices of one hybrid group: cuda:0,cuda:1,... or cpu,cpu,... or a count K; "
+            "empty: the single device fairseq puts the model on"
+        },
+    )
+    hybrid_placement: str = field(
+        default="",
+        metadata={
+            "help": "device index of every layer, 'encoder=0,1,0,1;decoder=0,1,0,1'; "
+            "empty: encoder and decoder layer l on device l mod K"
+        },
+    )
+    hybrid_mode: ChoiceEnum(MODES) = field(
+        default="hybrid",
+        metadata={
+            "help": "hybrid: layers model-parallel, attention-softmax data-parallel over batch shards; "
+            "model: layers model-parallel only; data: whole-model replicas over batch shards"
+        },
+    )
 
 
 class RNNOutput(NamedTuple):
@@ -90,7 +116,9 @@ class HybridLSTMEncoder(FairseqEncoder):
         return self.stack(src_tokens, src_lengths)
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
-        return {key: [t.index_select(0, new_order) for t in value] for key, value in encoder_out.items()}
+        return {
+            key: [t.index_select(0, new_order.to(t.device)) for t in value] for key, value in encoder_out.items()
+        }
 
     def max_positions(self) -> int:
         return self.max_source_positions
@@ -132,14 +160,14 @@ class HybridLSTMDecoder(FairseqIncrementalDecoder):
             prev_output_tokens = prev_output_tokens[:, -1:]
             cached = self.get_incremental_state(incremental_state, "cached_state")
             if cached is not None:
-                states = list(zip(cached["h"].unbind(0), cached["c"].unbind(0)))
+                states = [(cached[f"h{layer}"], cached[f"c{layer}"]) for layer in range(len(self.stack.layers))]
         top, new_states = self.stack(prev_output_tokens, encoder_out, states)
         if incremental_state is not None:
-            self.set_incremental_state(
-                incremental_state,
-                "cached_state",
-                {"h": torch.stack([h for h, _ in new_states]), "c": torch.stack([c for _, c in new_states])},
-            )
+            # One entry per layer and state (B x H), each on its layer's device.
+            cached = {}
+            for layer, (h, c) in enumerate(new_states):
+                cached[f"h{layer}"], cached[f"c{layer}"] = h, c
+            self.set_incremental_state(incremental_state, "cached_state", cached)
         return top
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
@@ -156,7 +184,7 @@ class HybridLSTMDecoder(FairseqIncrementalDecoder):
         self.set_incremental_state(
             incremental_state,
             "cached_state",
-            {key: value.index_select(1, new_order) for key, value in cached.items()},
+            {key: value.index_select(0, new_order.to(value.device)) for key, value in cached.items()},
         )
 
     def max_positions(self) -> int:
@@ -172,17 +200,100 @@ ShardLoss = Callable[[Tensor, Tensor, Tensor, Tensor], Tuple[Tensor, ...]]
 @register_model("hybrid_lstm", dataclass=HybridLSTMConfig)
 class HybridLSTMModel(FairseqEncoderDecoderModel):
     """LSTM encoder-decoder without input feeding, split into an RNN part and
-    an attention-softmax part for hybrid data/model parallel training."""
+    an attention-softmax part for hybrid data/model parallel training.
+
+    With ``--hybrid-devices`` the model carries a :class:`DevicePlan`: its
+    layers live on the plan's devices, and ``to(device)`` / ``cuda()`` /
+    ``cpu()`` (which fairseq's trainer and generator call) change only the
+    dtype, never that placement.  Parameter names and shapes do not depend
+    on the plan, so a checkpoint from K devices loads on any other K'.
+    """
+
+    def __init__(self, encoder, decoder):
+        super().__init__(encoder, decoder)
+        self.plan: Optional[DevicePlan] = None
 
     @classmethod
     def build_model(cls, cfg, task):
         hybrid_lstm_base_architecture(cfg)
         encoder = HybridLSTMEncoder(task.source_dictionary, cfg)
         decoder = HybridLSTMDecoder(task.target_dictionary, cfg, encoder.stack)
-        return cls(encoder, decoder)
+        model = cls(encoder, decoder)
+        if cfg.hybrid_devices:
+            plan = build_plan(
+                cfg.hybrid_devices, cfg.hybrid_placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers
+            )
+            model.place(plan)
+            logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, model.placement_table())
+        elif cfg.hybrid_placement:
+            raise ValueError("--hybrid-placement needs --hybrid-devices")
+        return model
+
+    # -- placement ---------------------------------------------------------
+
+    def place(self, plan: DevicePlan) -> None:
+        """Move every layer to its device: embeddings with the bottom layer,
+        bridges with their decoder layer, the attention-softmax master (and
+        a tied output embedding) with the bottom decoder layer."""
+        encoder, decoder = self.encoder.stack, self.decoder.stack
+        encoder.embed_tokens.to(plan.encoder_device(0))
+        for layer, module in enumerate(encoder.layers):
+            module.to(plan.encoder_device(layer))
+        decoder.embed_tokens.to(plan.decoder_device(0))
+        for layer, module in enumerate(decoder.layers):
+            for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
+                part.to(plan.decoder_device(layer))
+        self.decoder.attention_softmax.to(plan.decoder_device(0))
+        self.plan = plan
+
+    def placement_rows(self):
+        """``(part, device, parameters)`` of every placed part."""
+        encoder, decoder = self.encoder.stack, self.decoder.stack
+
+        def count(*modules):
+            return sum(p.numel() for m in modules for p in m.parameters())
+
+        def where(module):
+            return str(next(module.parameters()).device)
+
+        rows = [("encoder embeddings", where(encoder.embed_tokens), count(encoder.embed_tokens))]
+        for layer, module in enumerate(encoder.layers):
+            kind = "bidirectional" if module.bidirectional else "LSTM"
+            rows.append((f"encoder layer {layer} ({kind})", where(module), count(module)))
+        rows.append(("decoder embeddings", where(decoder.embed_tokens), count(decoder.embed_tokens)))
+        for layer, module in enumerate(decoder.layers):
+            rows.append((f"decoder layer {layer} (+bridge)", where(module),
+                         count(module, decoder.bridges_h[layer], decoder.bridges_c[layer])))
+        part = self.decoder.attention_softmax
+        shards = ", ".join(str(d) for d in self.plan.shard_devices) if self.plan else where(part)
+        shared = part.output_weight is decoder.embed_tokens.weight
+        rows.append(("attention-softmax" + (" (tied)" if shared else ""), f"master {where(part)}; shards {shards}",
+                     count(part) - (part.output_weight.numel() if shared else 0)))
+        return rows
+
+    def placement_table(self) -> str:
+        rows = [(name, device, f"{params:,}") for name, device, params in self.placement_rows()]
+        return plan_table([("part", "device", "parameters")] + rows)
+
+    def to(self, *args, **kwargs):
+        if self.plan is None:
+            return super().to(*args, **kwargs)
+        _, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is not None:
+            super().to(dtype=dtype, non_blocking=non_blocking)
+        return self
+
+    def cuda(self, device=None):
+        return self if self.plan is not None else super().cuda(device)
+
+    def cpu(self):
+        return self if self.plan is not None else super().cpu()
+
+    # -- training ------------------------------------------------------------
 
     def forward_rnn(self, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor, **unused) -> RNNOutput:
-        """The RNN part: encoder and decoder stacks under teacher forcing."""
+        """The RNN part: encoder and decoder stacks under teacher forcing.
+        Each layer runs on its own device; activations follow."""
         encoder_out = self.encoder(src_tokens, src_lengths)
         decoder_states = self.decoder.forward_rnn(prev_output_tokens, encoder_out)
         return RNNOutput(
@@ -190,16 +301,45 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         )
 
     def attention_softmax_loss(self, rnn_out: RNNOutput, target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
-        """The attention-softmax part followed by ``shard_loss``.
+        """The attention-softmax part followed by ``shard_loss``, one batch
+        shard per device of the plan (one shard without a plan).
 
-        On one device this is a single shard.  Because ``shard_loss`` returns
-        sums, splitting the batch into shards and adding their results gives
-        the same value, which is what the data-parallel half of the hybrid
-        scheme relies on.
+        ``shard_loss`` returns sums, so adding the shards' results gives the
+        single-device value; each shard's replica sends its parameter
+        gradients back to the master and its state gradients back into the
+        RNN part through autograd.
         """
         part = self.decoder.attention_softmax
-        features, _ = part.features(*rnn_out)
-        return shard_loss(features, part.output_weight, part.output_bias, target)
+        devices = self.plan.shard_devices if self.plan is not None else [part.output_weight.device]
+        slices = batch_slices(target.size(0), len(devices))
+        devices = devices[: len(slices)]
+        results = []
+        for rows, replica, device in zip(slices, replicas_on(part, devices), devices):
+            features, _ = replica.features(*(tensor[rows].to(device) for tensor in rnn_out))
+            results.append(shard_loss(features, replica.output_weight, replica.output_bias, target[rows].to(device)))
+        return sum_on(results, devices[0])
+
+    def compute_loss(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
+        """What ``hybrid_cross_entropy`` calls: the summed loss of a batch,
+        run the way the plan says."""
+        if self.plan is not None and self.plan.mode == "data":
+            return self._data_parallel_loss(net_input, target, shard_loss)
+        return self.attention_softmax_loss(self.forward_rnn(**net_input), target, shard_loss)
+
+    def _data_parallel_loss(self, net_input, target, shard_loss):
+        """Pure data parallelism inside one process: a whole-model replica
+        per device, each on a contiguous batch shard."""
+        devices = self.plan.devices
+        slices = batch_slices(target.size(0), len(devices))
+        devices = devices[: len(slices)]
+        results = []
+        for rows, replica, device in zip(slices, replicas_on(self, devices), devices):
+            shard_input = {key: value[rows].to(device) for key, value in net_input.items() if torch.is_tensor(value)}
+            rnn_out = replica.forward_rnn(**shard_input)
+            part = replica.decoder.attention_softmax
+            features, _ = part.features(*rnn_out)
+            results.append(shard_loss(features, part.output_weight, part.output_bias, target[rows].to(device)))
+        return sum_on(results, devices[0])
 
 
 def _set_defaults(cfg, **defaults):

@@ -35,6 +35,12 @@ def make_lstm(input_size: int, hidden_size: int, bidirectional: bool = False) ->
     return lstm
 
 
+def module_device(module: nn.Module) -> torch.device:
+    """The device a layer lives on (the hybrid engine may place each layer
+    on a device of its own; inputs follow the layer)."""
+    return next(module.parameters()).device
+
+
 def layer_sizes(input_size: int, hidden_size: int, num_layers: int, num_bidirectional: int) -> List[Tuple[int, int, bool]]:
     """``(input size, output size, bidirectional)`` of each layer of a stack
     whose bottom ``num_bidirectional`` layers are bidirectional."""
@@ -86,6 +92,7 @@ class LSTMEncoderStack(nn.Module):
     def run_layer(self, index: int, inputs: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """One layer over ``inputs`` B x S x C: returns outputs B x S x C',
         final ``h`` and ``c`` B x C' (both directions concatenated)."""
+        inputs = inputs.to(module_device(self.layers[index]))
         packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
         packed_out, (h, c) = self.layers[index](packed)
         outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=inputs.size(1))
@@ -97,6 +104,7 @@ class LSTMEncoderStack(nn.Module):
         return self.dropout(outputs), h, c
 
     def forward(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
+        src_tokens = src_tokens.to(self.embed_tokens.weight.device)
         src_tokens = utils.convert_padding_direction(src_tokens, self.padding_idx, left_to_right=True)
         padding_mask = src_tokens.eq(self.padding_idx)
         x = self.dropout(self.embed_tokens(src_tokens))
@@ -147,13 +155,14 @@ class LSTMDecoderStack(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def initial_state(self, index: int, encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor]:
+        device = module_device(self.layers[index])
         if index < self.num_encoder_layers:
             return (
-                self.bridges_h[index](encoder_out["final_h"][index]),
-                self.bridges_c[index](encoder_out["final_c"][index]),
+                self.bridges_h[index](encoder_out["final_h"][index].to(device)),
+                self.bridges_c[index](encoder_out["final_c"][index].to(device)),
             )
         batch = encoder_out["encoder_out"][0].size(0)
-        zeros = encoder_out["encoder_out"][0].new_zeros(batch, self.hidden_size)
+        zeros = encoder_out["encoder_out"][0].new_zeros(batch, self.hidden_size, device=device)
         return zeros, zeros
 
     def run_layer(
@@ -161,7 +170,10 @@ class LSTMDecoderStack(nn.Module):
     ) -> Tuple[Tensor, Tensor, Tensor]:
         """One layer over ``inputs`` B x T x C from ``state`` (h, c), each
         B x H.  Returns outputs B x T x H and the last ``h``, ``c``."""
-        outputs, (h, c) = self.layers[index](inputs, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+        device = module_device(self.layers[index])
+        inputs = inputs.to(device)
+        state = (state[0].to(device).unsqueeze(0), state[1].to(device).unsqueeze(0))
+        outputs, (h, c) = self.layers[index](inputs, state)
         if self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]:
             outputs = outputs + inputs
         return self.dropout(outputs), h.squeeze(0), c.squeeze(0)
@@ -176,6 +188,7 @@ class LSTMDecoderStack(nn.Module):
         the per-layer ``(h, c)`` to continue from (incremental decoding);
         without them, each layer starts from the encoder.  Returns the top
         states B x T x H and the new per-layer states."""
+        prev_output_tokens = prev_output_tokens.to(self.embed_tokens.weight.device)
         x = self.dropout(self.embed_tokens(prev_output_tokens))
         new_states = []
         for index in range(len(self.layers)):

@@ -1,0 +1,55 @@
+"""Loading a checkpoint written by a hybrid group where its devices are
+missing.
+
+A checkpoint records the ``--hybrid-devices`` of the run that wrote it, and
+``fairseq-generate`` / ``fairseq-interactive`` build the model from that
+record.  Parameters are saved in one device-independent layout, so the only
+thing that ties a checkpoint to its machine is that record: where the
+recorded devices do not exist (a 4-GPU checkpoint on a laptop), the model is
+built on one device instead, with a warning.  ``--model-overrides
+"{'hybrid_devices': 'cuda:0,cuda:1'}"`` places it on a group of this
+machine.  Resuming training is unaffected: fairseq-train builds the model
+from its own command line.
+"""
+
+import functools
+import logging
+
+from .parallel.device_plan import DevicePlanError, parse_devices
+
+logger = logging.getLogger(__name__)
+_INSTALLED = False
+
+
+def make_portable(state: dict) -> dict:
+    """Drop a recorded device list this machine cannot honour."""
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    model_cfg = cfg.get("model") if cfg is not None else None
+    devices = getattr(model_cfg, "hybrid_devices", None) if model_cfg is not None else None
+    if not devices:
+        return state
+    try:
+        parse_devices(devices)
+    except DevicePlanError as err:
+        logger.warning("checkpoint was trained on --hybrid-devices %s, which this machine cannot place (%s); "
+                       "loading it on one device", devices, err)
+        model_cfg.hybrid_devices = ""
+        model_cfg.hybrid_placement = ""
+    return state
+
+
+def install() -> None:
+    """Wrap fairseq's checkpoint loader (once)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.load_checkpoint_to_cpu
+
+    @functools.wraps(original)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        return make_portable(original(path, *args, **kwargs))
+
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    _INSTALLED = True

@@ -1,0 +1,151 @@
+"""Which device runs which part of a ``hybrid_lstm`` model.
+
+The hybrid scheme gives every RNN layer a home device (model parallelism:
+encoder layer ``l`` and decoder layer ``l`` on device ``l mod K`` by
+default, embeddings with the bottom layer, each bridge with its decoder
+layer) and splits the attention-softmax part along the batch over all K
+devices (data parallelism).  A plan is built and checked once, from the
+model options, before any parameter moves, so that a bad option fails with
+a message naming it rather than deep inside a forward pass.
+
+``--hybrid-devices``: a comma-separated list (``cuda:0,cuda:1``,
+``cpu,cpu``) or a count ``K`` (K CUDA devices where CUDA is available,
+otherwise K CPU devices).  ``--hybrid-placement``: empty for the default,
+or ``encoder=0,1,0,1;decoder=0,1,0,1`` (indices into the device list, one
+per layer).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import torch
+
+MODES = ("hybrid", "model", "data")
+
+
+class DevicePlanError(ValueError):
+    """A ``--hybrid-*`` option that cannot be honoured."""
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    devices: List[torch.device]
+    encoder: List[int]  # device index of each encoder layer
+    decoder: List[int]  # device index of each decoder layer
+    mode: str
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
+
+    def encoder_device(self, layer: int) -> torch.device:
+        return self.devices[self.encoder[layer]]
+
+    def decoder_device(self, layer: int) -> torch.device:
+        return self.devices[self.decoder[layer]]
+
+    @property
+    def shard_devices(self) -> List[torch.device]:
+        """Where the attention-softmax shards run: every device, except in
+        pure model parallelism, where the whole part stays with the top
+        decoder layer."""
+        if self.mode == "model":
+            return [self.decoder_device(len(self.decoder) - 1)]
+        return list(self.devices)
+
+
+def parse_devices(spec: str) -> List[torch.device]:
+    """``"cuda:0,cuda:1"``, ``"cpu,cpu"`` or a count; checked against the
+    machine."""
+    spec = spec.strip()
+    if re.fullmatch(r"\d+", spec):
+        count = int(spec)
+        if count < 1:
+            raise DevicePlanError(f"--hybrid-devices {spec}: need at least one device")
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+        names = [f"cuda:{i}" for i in range(count)] if kind == "cuda" else ["cpu"] * count
+    else:
+        names = [name.strip() for name in spec.split(",")]
+    devices = []
+    for name in names:
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise DevicePlanError(f"--hybrid-devices: unknown device {name!r} (expected cpu or cuda:N)") from None
+        if device.type not in ("cpu", "cuda"):
+            raise DevicePlanError(f"--hybrid-devices: device {name!r} is not supported (expected cpu or cuda:N)")
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise DevicePlanError(f"--hybrid-devices asks for {name} but CUDA is not available on this machine")
+            if device.index is None:
+                device = torch.device("cuda", 0)
+            if device.index >= torch.cuda.device_count():
+                raise DevicePlanError(
+                    f"--hybrid-devices asks for {name} but this machine has {torch.cuda.device_count()} CUDA device(s)"
+                )
+        devices.append(device)
+    if len({device.type for device in devices}) > 1:
+        raise DevicePlanError(f"--hybrid-devices {spec}: all devices of a group must be of one kind (cpu or cuda)")
+    return devices
+
+
+def parse_placement(spec: str, encoder_layers: int, decoder_layers: int, num_devices: int):
+    """Default or explicit ``(encoder indices, decoder indices)``."""
+    if not spec:
+        return ([layer % num_devices for layer in range(encoder_layers)],
+                [layer % num_devices for layer in range(decoder_layers)])
+    parts = {}
+    for part in spec.split(";"):
+        name, sep, indices = part.partition("=")
+        name = name.strip()
+        if not sep or name not in ("encoder", "decoder"):
+            raise DevicePlanError(
+                f"--hybrid-placement {spec!r}: expected 'encoder=I,I,...;decoder=I,I,...'"
+            )
+        try:
+            parts[name] = [int(i) for i in indices.split(",")]
+        except ValueError:
+            raise DevicePlanError(f"--hybrid-placement {spec!r}: {name} indices must be integers") from None
+    for name, layers in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+        if name not in parts:
+            raise DevicePlanError(f"--hybrid-placement {spec!r}: no device given for the {name} layers")
+        if len(parts[name]) != layers:
+            raise DevicePlanError(
+                f"--hybrid-placement: {len(parts[name])} {name} device(s) given for {layers} {name} layers"
+            )
+        for index in parts[name]:
+            if not 0 <= index < num_devices:
+                raise DevicePlanError(
+                    f"--hybrid-placement: device index {index} out of range for {num_devices} device(s)"
+                )
+    return parts["encoder"], parts["decoder"]
+
+
+def build_plan(devices: str, placement: str, mode: str, encoder_layers: int, decoder_layers: int) -> DevicePlan:
+    if mode not in MODES:
+        raise DevicePlanError(f"--hybrid-mode {mode!r}: choose one of {', '.join(MODES)}")
+    device_list = parse_devices(devices)
+    if mode != "data" and len(device_list) > max(encoder_layers, decoder_layers):
+        raise DevicePlanError(
+            f"--hybrid-devices: {len(device_list)} devices but the model has only {encoder_layers} encoder and "
+            f"{decoder_layers} decoder layers to place; use at most {max(encoder_layers, decoder_layers)} "
+            f"(or --hybrid-mode data)"
+        )
+    if mode == "data":
+        if placement:
+            raise DevicePlanError("--hybrid-placement has no meaning with --hybrid-mode data (every device holds a replica)")
+        encoder, decoder = [0] * encoder_layers, [0] * decoder_layers
+    else:
+        encoder, decoder = parse_placement(placement, encoder_layers, decoder_layers, len(device_list))
+    return DevicePlan(device_list, encoder, decoder, mode)
+
+
+def plan_table(rows: Sequence[Sequence[str]]) -> str:
+    """A small aligned text table; ``rows[0]`` is the header."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)

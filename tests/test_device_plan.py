@@ -1,0 +1,66 @@
+"""--hybrid-devices / --hybrid-placement / --hybrid-mode: the default
+placement and a clear error for every option that cannot be honoured."""
+
+import pytest
+import torch
+
+from conftest import build_model
+from fairseq_hybrid.parallel.batch_shards import batch_slices
+from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan
+
+
+def test_default_placement_is_layer_mod_k():
+    plan = build_plan("cpu,cpu", "", "hybrid", 4, 3)
+    assert plan.encoder == [0, 1, 0, 1] and plan.decoder == [0, 1, 0]
+    assert plan.shard_devices == [torch.device("cpu")] * 2
+    assert build_plan("cpu,cpu", "", "model", 4, 3).shard_devices == [torch.device("cpu")]
+
+
+def test_explicit_placement():
+    plan = build_plan("cpu,cpu,cpu", "encoder=0,0,1,2; decoder=2,1,0", "hybrid", 4, 3)
+    assert plan.encoder == [0, 0, 1, 2] and plan.decoder == [2, 1, 0]
+
+
+@pytest.mark.parametrize("devices, placement, mode, message", [
+    ("tpu:0", "", "hybrid", "unknown device 'tpu:0'"),
+    ("cpu,banana", "", "hybrid", "unknown device 'banana'"),
+    ("0", "", "hybrid", "at least one device"),
+    ("cpu,cpu,cpu,cpu,cpu", "", "hybrid", "only 4 encoder and 3 decoder layers"),
+    ("cpu,cpu", "encoder=0,1,0,1", "hybrid", "no device given for the decoder layers"),
+    ("cpu,cpu", "encoder=0,1;decoder=0,1,0", "hybrid", "2 encoder device\\(s\\) given for 4 encoder layers"),
+    ("cpu,cpu", "encoder=0,1,0,2;decoder=0,1,0", "hybrid", "device index 2 out of range"),
+    ("cpu,cpu", "encoder=a,b;decoder=0", "hybrid", "indices must be integers"),
+    ("cpu,cpu", "layers=0,1", "hybrid", "expected 'encoder="),
+    ("cpu,cpu", "encoder=0,1,0,1;decoder=0,1,0", "data", "no meaning with --hybrid-mode data"),
+    ("cpu,cpu", "", "pipeline", "choose one of hybrid, model, data"),
+])
+def test_bad_options_are_refused_clearly(devices, placement, mode, message):
+    with pytest.raises(DevicePlanError, match=message):
+        build_plan(devices, placement, mode, 4, 3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_asked_for_but_absent():
+    with pytest.raises(DevicePlanError, match="asks for cuda:0 but CUDA is not available"):
+        build_plan("cuda:0,cuda:1", "", "hybrid", 2, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_and_cuda_do_not_mix():
+    with pytest.raises(DevicePlanError, match="one kind"):
+        build_plan("cpu,cuda:0", "", "hybrid", 2, 2)
+
+
+def test_data_mode_may_use_more_devices_than_layers():
+    assert build_plan("cpu,cpu,cpu", "", "data", 2, 2).size == 3
+
+
+def test_placement_without_devices_is_refused():
+    with pytest.raises(ValueError, match="--hybrid-placement needs --hybrid-devices"):
+        build_model("hybrid_lstm_tiny", hybrid_placement="encoder=0,0;decoder=0,0")
+
+
+def test_batch_slices_cover_the_batch_without_empty_shards():
+    assert batch_slices(7, 3) == [slice(0, 3), slice(3, 5), slice(5, 7)]
+    assert batch_slices(2, 4) == [slice(0, 1), slice(1, 2)]
+    assert batch_slices(5, 1) == [slice(0, 5)]

@@ -1,0 +1,110 @@
+"""The hybrid group computes what one device computes: for K = 1..4 CPU
+devices and each mode, the loss, the logging outputs and every parameter's
+gradient equal the single-device model's (fp32, dropout off) on
+variable-length batches.  CUDA variants run where CUDA devices exist."""
+
+import pytest
+import torch
+
+from conftest import StandInTask, build_model, make_sample
+from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+from fairseq_hybrid.parallel.device_plan import MODES
+
+LAYERS = {"encoder_layers": 4, "decoder_layers": 4, "encoder_bidirectional_layers": 1}
+SRC_LENGTHS = [9, 3, 7, 1, 12, 5, 6]
+TGT_LENGTHS = [4, 10, 2, 8, 6, 1, 7]
+
+
+def loss_and_grads(model, criterion, sample):
+    model.zero_grad()
+    loss, sample_size, logging = criterion(model, sample)
+    (loss / sample_size).backward()
+    grads = {name: p.grad.detach().to("cpu").clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach().to("cpu"), logging, grads
+
+
+def check_equal(devices, mode, dictionaries, **overrides):
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True,
+                                            output_loss_chunk_rows=5)
+    torch.manual_seed(0)
+    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, **overrides)
+    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, **overrides,
+                        hybrid_devices=",".join(devices), hybrid_mode=mode)
+    group.load_state_dict(single.state_dict())
+    assert group.plan is not None and group.plan.size == len(devices)
+    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+
+    loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
+    loss, logging, grads = loss_and_grads(group, criterion, sample)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
+    assert logging.keys() == logging_ref.keys()
+    for key in logging:
+        torch.testing.assert_close(torch.as_tensor(logging[key]).float().cpu(),
+                                   torch.as_tensor(logging_ref[key]).float(), rtol=1e-5, atol=0, msg=key)
+    assert grads.keys() == grads_ref.keys() and len(grads) == len(list(single.parameters()))
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_cpu_group_equals_one_device(count, mode, dictionaries):
+    check_equal(["cpu"] * count, mode, dictionaries)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tied_embeddings_and_residual_in_a_group(mode, dictionaries):
+    check_equal(["cpu"] * 3, mode, dictionaries, share_decoder_input_output_embed=True, residual=True,
+                attention_type="mlp")
+
+
+CUDA_COUNT = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(CUDA_COUNT < 1, reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_group_equals_one_device(mode, dictionaries):
+    devices = [f"cuda:{i % CUDA_COUNT}" for i in range(min(4, max(2, CUDA_COUNT)))]
+    check_equal(devices, mode, dictionaries)
+
+
+def test_batch_smaller_than_the_group(dictionaries):
+    """A batch of 2 sentences on 4 devices: 2 shards, same result."""
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.0)
+    torch.manual_seed(0)
+    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
+    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, hybrid_devices="4", hybrid_mode="data")
+    group.load_state_dict(single.state_dict())
+    sample = make_sample(src_dict, tgt_dict, [3, 6], [5, 2])
+    torch.testing.assert_close(criterion(group, sample)[0], criterion(single, sample)[0], rtol=1e-5, atol=0)
+
+
+def test_dropout_with_a_fixed_seed_gives_identical_runs(dictionaries):
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, dropout=0.3, hybrid_devices="cpu,cpu")
+        torch.manual_seed(5)
+        runs.append(loss_and_grads(model.train(), criterion, sample))
+    assert torch.equal(runs[0][0], runs[1][0])
+    for name in runs[0][2]:
+        assert torch.equal(runs[0][2][name], runs[1][2][name]), name
+    # and dropout really is on: a different seed gives a different loss
+    torch.manual_seed(6)
+    assert not torch.equal(loss_and_grads(model, criterion, sample)[0], runs[0][0])
+
+
+def test_placement_survives_fairseqs_device_moves(dictionaries):
+    src_dict, tgt_dict = dictionaries
+    model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, hybrid_devices="cpu,cpu")
+    assert model.to(device="cpu") is model and model.cpu() is model
+    model.to(dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    table = model.placement_table()
+    assert "encoder layer 3 (LSTM)" in table and "decoder layer 0 (+bridge)" in table
+    assert "shards cpu, cpu" in table
