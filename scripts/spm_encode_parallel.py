@@ -18,7 +18,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from fairseq_hybrid.data.parallel_text import (  # noqa: E402
     ParallelTextError,
-    iter_sides,
     read_parallel,
     write_atomically,
 )
@@ -32,6 +31,8 @@ def main(argv=None):
     parser.add_argument("--tgt", required=True, help="target language suffix, e.g. en")
     parser.add_argument("--splits", default="train,valid,test", help="comma-separated split names")
     parser.add_argument("--train-model", action="store_true", help="train a joint model on the first split")
+    parser.add_argument("--separate-models", action="store_true",
+                        help="one model per language (PREFIX.SRC.model, PREFIX.TGT.model) instead of a joint one")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--character-coverage", type=float, default=0.9995)
     parser.add_argument("--model-prefix", default=None, help="default: OUT/spm")
@@ -60,28 +61,36 @@ def main(argv=None):
 
     os.makedirs(args.out_dir, exist_ok=True)
     prefix = args.model_prefix or os.path.join(args.out_dir, "spm")
-    if args.train_model:
-        print(f"| training sentencepiece ({args.vocab_size} pieces) on {splits[0]}", flush=True)
-        tmp_prefix = f"{prefix}.tmp{os.getpid()}"
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter_sides(corpora[splits[0]]),
-            model_prefix=tmp_prefix,
-            vocab_size=args.vocab_size,
-            character_coverage=args.character_coverage,
-            input_sentence_size=args.max_sentences_for_model,
-            shuffle_input_sentence=True,
-            hard_vocab_limit=False,
-            minloglevel=2,
-        )
-        for ext in ("model", "vocab"):
-            os.replace(f"{tmp_prefix}.{ext}", f"{prefix}.{ext}")
-    if not os.path.isfile(f"{prefix}.model"):
-        parser.error(f"{prefix}.model: no sentencepiece model (pass --train-model)")
-    processor = spm.SentencePieceProcessor(model_file=f"{prefix}.model")
-    for split, pairs in corpora.items():
-        for index, lang in ((0, args.src), (1, args.tgt)):
-            pieces = processor.encode([pair[index] for pair in pairs], out_type=str)
-            write_atomically(os.path.join(args.out_dir, f"{split}.{lang}"), (" ".join(p) for p in pieces))
+    # (model prefix, sides it encodes): one joint model, or one per language.
+    if args.separate_models:
+        models = [(f"{prefix}.{args.src}", (0,)), (f"{prefix}.{args.tgt}", (1,))]
+    else:
+        models = [(prefix, (0, 1))]
+    for model_prefix, sides in models:
+        if args.train_model:
+            print(f"| training sentencepiece {os.path.basename(model_prefix)} ({args.vocab_size} pieces) "
+                  f"on {splits[0]}", flush=True)
+            tmp_prefix = f"{model_prefix}.tmp{os.getpid()}"
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=(pair[side] for pair in corpora[splits[0]] for side in sides),
+                model_prefix=tmp_prefix,
+                vocab_size=args.vocab_size,
+                character_coverage=args.character_coverage,
+                input_sentence_size=args.max_sentences_for_model,
+                shuffle_input_sentence=True,
+                hard_vocab_limit=False,
+                minloglevel=2,
+            )
+            for ext in ("model", "vocab"):
+                os.replace(f"{tmp_prefix}.{ext}", f"{model_prefix}.{ext}")
+        if not os.path.isfile(f"{model_prefix}.model"):
+            parser.error(f"{model_prefix}.model: no sentencepiece model (pass --train-model)")
+        processor = spm.SentencePieceProcessor(model_file=f"{model_prefix}.model")
+        for split, pairs in corpora.items():
+            for index in sides:
+                lang = (args.src, args.tgt)[index]
+                pieces = processor.encode([pair[index] for pair in pairs], out_type=str)
+                write_atomically(os.path.join(args.out_dir, f"{split}.{lang}"), (" ".join(p) for p in pieces))
     print(f"| wrote {', '.join(splits)} to {args.out_dir}", flush=True)
     return 0
 

@@ -83,6 +83,57 @@ def normalise(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
+class MisalignedFilesError(ValueError):
+    """Two one-sentence-a-line files with different line counts: which
+    lines belong together cannot be known, so nothing is read."""
+
+
+def read_line_pairs(
+    src_data: bytes, tgt_data: bytes, source: str
+) -> Tuple[List[Tuple[int, str, str]], CleaningReport]:
+    """Two aligned one-sentence-a-line files (line ``n`` of one translates
+    line ``n`` of the other), checked line pair by line pair."""
+    src_lines, tgt_lines = list(physical_lines(src_data)), list(physical_lines(tgt_data))
+    if len(src_lines) != len(tgt_lines):
+        raise MisalignedFilesError(
+            f"{source}: {len(src_lines)} source lines but {len(tgt_lines)} target lines; "
+            f"the files are not aligned line by line"
+        )
+    report = CleaningReport(source)
+    pairs = []
+    for (number, src_raw), (_, tgt_raw) in zip(src_lines, tgt_lines):
+        report.read += 1
+        crlf = src_raw.endswith(b"\r") or tgt_raw.endswith(b"\r")
+        sides = []
+        for raw in (src_raw, tgt_raw):
+            try:
+                sides.append(raw[:-1].decode("utf-8") if raw.endswith(b"\r") else raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                sides = None
+                break
+        if sides is None:
+            report.drop(INVALID_UTF8, number)
+            continue
+        report.crlf_normalised += crlf
+        pair = _clean_pair(sides[0], sides[1], number, report)
+        if pair is not None:
+            pairs.append(pair)
+    report.kept = len(pairs)
+    return pairs, report
+
+
+def _clean_pair(src: str, tgt: str, number: int, report: CleaningReport) -> Optional[Tuple[int, str, str]]:
+    """Control-character and empty-side checks, then normalisation."""
+    if _CONTROL.search(src) or _CONTROL.search(tgt):
+        report.drop(CONTROL_CHARS, number)
+        return None
+    src, tgt = normalise(src), normalise(tgt)
+    if not src or not tgt:
+        report.drop(EMPTY_SIDE, number)
+        return None
+    return number, src, tgt
+
+
 def read_fields(
     data: bytes,
     source: str,
@@ -103,15 +154,9 @@ def read_fields(
         if len(fields) != num_fields:
             report.drop(WRONG_FIELDS, number)
             continue
-        src, tgt = pick(fields)
-        if _CONTROL.search(src) or _CONTROL.search(tgt):
-            report.drop(CONTROL_CHARS, number)
-            continue
-        src, tgt = normalise(src), normalise(tgt)
-        if not src or not tgt:
-            report.drop(EMPTY_SIDE, number)
-            continue
-        pairs.append((number, src, tgt))
+        pair = _clean_pair(*pick(fields), number, report)
+        if pair is not None:
+            pairs.append(pair)
     report.kept = len(pairs)
     return pairs, report
 
