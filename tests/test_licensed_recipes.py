@@ -159,6 +159,19 @@ def test_patent_lines_and_tsv_formats(tmp_path):
     assert "dropped 1 for wrong number of fields (lines 201)" in summary
     assert "dropped 1 for control characters (lines 202)" in summary
 
+    # the recipe's prepare step on the same files, both directions
+    recipe = subprocess.run(
+        ["bash", os.path.join(REPO, "recipes", "patent_ja_en", "run.sh"), "--tsv", str(tmp_path / "tsv" / "train.tsv"),
+         str(tmp_path / "tsv" / "dev.tsv"), str(tmp_path / "tsv" / "test.tsv"), "--steps", "prepare", "--tiny",
+         "--separate-vocab", "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, env=ENV,
+    )
+    assert recipe.returncode == 0, recipe.stdout[-2000:] + recipe.stderr[-2000:]
+    assert "dropped 1 for control characters (lines 202)" in recipe.stdout
+    for direction in ("ja-en", "en-ja"):
+        assert (tmp_path / "work" / f"bin-{direction}" / ".done").exists()
+    assert (tmp_path / "work" / "spm" / "spm.ja.model").exists() and (tmp_path / "work" / "spm" / "spm.en.model").exists()
+
     # one sentence too many on one side: refused, nothing written
     with open(tmp_path / "lines" / "dev.en", "a") as f:
         f.write("one more\n")
@@ -187,7 +200,7 @@ def test_aspec_recipe_end_to_end_both_directions(tmp_path):
     make_aspec(tmp_path / "ASPEC-JE")
     result = subprocess.run(
         ["bash", os.path.join(REPO, "recipes", "aspec_ja_en", "run.sh"), "--aspec-dir", str(tmp_path / "ASPEC-JE"),
-         "--steps", "prepare,train,generate,score", "--tiny", "--device", "cpu", "--work-dir", str(tmp_path / "work")],
+         "--steps", "prepare,train,generate,score", "--tiny", "--work-dir", str(tmp_path / "work")],
         capture_output=True, text=True, env=ENV,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -203,7 +216,7 @@ def test_aspec_recipe_end_to_end_both_directions(tmp_path):
     # a second run reuses every finished step
     again = subprocess.run(
         ["bash", os.path.join(REPO, "recipes", "aspec_ja_en", "run.sh"), "--aspec-dir", str(tmp_path / "ASPEC-JE"),
-         "--steps", "prepare,train,generate", "--tiny", "--device", "cpu", "--work-dir", str(tmp_path / "work")],
+         "--steps", "prepare,train,generate", "--tiny", "--work-dir", str(tmp_path / "work")],
         capture_output=True, text=True, env=ENV,
     )
     assert again.returncode == 0 and "prepare:" not in again.stdout and "train " not in again.stdout, again.stdout
