@@ -26,7 +26,6 @@ ratio and for exact duplicates; valid and test pairs only for defects.
 import argparse
 import os
 import sys
-from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -38,6 +37,7 @@ from fairseq_hybrid.data.corpus_cleaning import (  # noqa: E402
     read_aspec,
     read_line_pairs,
     read_tsv,
+    total_counts,
 )
 from fairseq_hybrid.data.parallel_text import write_atomically  # noqa: E402
 
@@ -79,17 +79,23 @@ def check_inputs(files):
     return problems
 
 
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def read_split(args, split, paths):
     """``(pairs, reports)`` of one split, pairs as (line, ja, en)."""
+    if args.format == "lines":
+        ja_path, en_path = paths
+        pairs, report = read_line_pairs(read_bytes(ja_path), read_bytes(en_path), os.path.basename(ja_path)[:-3])
+        return pairs, [report]
     pairs, reports = [], []
-    for path in paths if args.format != "lines" else [paths[0]]:
-        data = open(path, "rb").read()
+    for path in paths:
         if args.format == "aspec":
-            part, report = read_aspec(data, os.path.basename(path), train=split == "train")
-        elif args.format == "tsv":
-            part, report = read_tsv(data, os.path.basename(path))
+            part, report = read_aspec(read_bytes(path), os.path.basename(path), train=split == "train")
         else:
-            part, report = read_line_pairs(data, open(paths[1], "rb").read(), os.path.basename(path)[:-3])
+            part, report = read_tsv(read_bytes(path), os.path.basename(path))
         pairs.extend(part)
         reports.append(report)
     return pairs, reports
@@ -150,12 +156,8 @@ def main(argv=None):
         write_atomically(os.path.join(args.out, f"{split}.ja"), ja)
         write_atomically(os.path.join(args.out, f"{split}.en"), en)
 
-    totals = Counter()
-    lines = []
-    for report in reports:
-        lines.extend(report.summary_lines())
-        for reason, numbers in report.dropped.items():
-            totals[reason] += len(numbers)
+    totals = total_counts(reports)
+    lines = [line for report in reports for line in report.summary_lines()]
     lines.append("kept: " + ", ".join(f"{split} {len(pairs)}" for split, pairs in kept.items()))
     lines.append("dropped in all: " + (", ".join(f"{totals[r]} {r}" for r in REASONS if totals[r]) or "nothing"))
     for line in lines:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, List, Tuple
+from typing import List, Tuple
 
 
 class ParallelTextError(ValueError):
@@ -91,13 +91,6 @@ def read_parallel(
         pairs.append((src, tgt))
     report.kept = len(pairs)
     return pairs, report
-
-
-def iter_sides(pairs: List[Tuple[str, str]]) -> Iterator[str]:
-    """Both sides of every pair, for training a joint subword model."""
-    for src, tgt in pairs:
-        yield src
-        yield tgt
 
 
 def write_atomically(path: str, lines) -> None:

@@ -32,7 +32,7 @@ from fairseq.models import (
 )
 from torch import Tensor
 
-from ..parallel.batch_shards import batch_slices, replicas_on, sum_on
+from ..parallel.batch_shards import sharded_sum
 from ..parallel.device_plan import MODES, DevicePlan, build_plan, plan_table
 from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
 from .lstm_stacks import LSTMDecoderStack, LSTMEncoderStack
@@ -311,13 +311,12 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         """
         part = self.decoder.attention_softmax
         devices = self.plan.shard_devices if self.plan is not None else [part.output_weight.device]
-        slices = batch_slices(target.size(0), len(devices))
-        devices = devices[: len(slices)]
-        results = []
-        for rows, replica, device in zip(slices, replicas_on(part, devices), devices):
+
+        def shard(replica, rows, device):
             features, _ = replica.features(*(tensor[rows].to(device) for tensor in rnn_out))
-            results.append(shard_loss(features, replica.output_weight, replica.output_bias, target[rows].to(device)))
-        return sum_on(results, devices[0])
+            return shard_loss(features, replica.output_weight, replica.output_bias, target[rows].to(device))
+
+        return sharded_sum(part, devices, target.size(0), shard)
 
     def compute_loss(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
         """What ``hybrid_cross_entropy`` calls: the summed loss of a batch,
@@ -329,17 +328,15 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
     def _data_parallel_loss(self, net_input, target, shard_loss):
         """Pure data parallelism inside one process: a whole-model replica
         per device, each on a contiguous batch shard."""
-        devices = self.plan.devices
-        slices = batch_slices(target.size(0), len(devices))
-        devices = devices[: len(slices)]
-        results = []
-        for rows, replica, device in zip(slices, replicas_on(self, devices), devices):
+
+        def shard(replica, rows, device):
             shard_input = {key: value[rows].to(device) for key, value in net_input.items() if torch.is_tensor(value)}
             rnn_out = replica.forward_rnn(**shard_input)
             part = replica.decoder.attention_softmax
             features, _ = part.features(*rnn_out)
-            results.append(shard_loss(features, part.output_weight, part.output_bias, target[rows].to(device)))
-        return sum_on(results, devices[0])
+            return shard_loss(features, part.output_weight, part.output_bias, target[rows].to(device))
+
+        return sharded_sum(self, self.plan.devices, target.size(0), shard)
 
 
 def _set_defaults(cfg, **defaults):

@@ -12,7 +12,7 @@ gives the single-device value.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -55,3 +55,19 @@ def sum_on(results: Sequence[Tuple[Tensor, ...]], device: torch.device) -> Tuple
     for result in results[1:]:
         total = [acc + value.to(device) for acc, value in zip(total, result)]
     return tuple(total)
+
+
+def sharded_sum(
+    module: nn.Module,
+    devices: Sequence[torch.device],
+    batch_size: int,
+    shard_fn: Callable[[nn.Module, slice, torch.device], Tuple[Tensor, ...]],
+) -> Tuple[Tensor, ...]:
+    """Run ``shard_fn(replica, rows, device)`` for one contiguous batch shard
+    per device (fewer when the batch is smaller than the group) and add the
+    results on the first device."""
+    slices = batch_slices(batch_size, len(devices))
+    devices = list(devices)[: len(slices)]
+    results = [shard_fn(replica, rows, device)
+               for rows, replica, device in zip(slices, replicas_on(module, devices), devices)]
+    return sum_on(results, devices[0])
