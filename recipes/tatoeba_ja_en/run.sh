@@ -151,8 +151,7 @@ if has_step generate && [[ ! -f "$run/hyp.en" || "$checkpoint" -nt "$run/hyp.en"
     --gen-subset test --beam 5 --max-tokens 8000 --remove-bpe sentencepiece \
     --required-batch-size-multiple 1 \
     > "$run/generate.out"
-  grep '^H-' "$run/generate.out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$run/hyp.en.tmp"
-  mv "$run/hyp.en.tmp" "$run/hyp.en"
+  python "$repo/scripts/extract_hypotheses.py" "$run/generate.out" "$run/hyp.en" --expect "$(wc -l < "$raw/test.en")"
 fi
 
 if has_step score; then
