@@ -20,7 +20,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
 COMMON = ["--task", "translation", "--source-lang", "ja", "--target-lang", "en", "--cpu", "--dropout", "0.1"]
 SIZE = {"embed": 256, "hidden": 256, "layers": 2}
@@ -36,7 +36,7 @@ def fairseq_lstm_args(size):
     ]
 
 
-USER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fairseq_hybrid")
+USER_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fairseq_hybrid"))
 
 
 def hybrid_lstm_base_args(size):

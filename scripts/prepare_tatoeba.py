@@ -12,7 +12,7 @@ import os
 import sys
 import tarfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
 from fairseq_hybrid.data.parallel_text import write_atomically  # noqa: E402
 from fairseq_hybrid.data.tatoeba import SENTENCES_MEMBER, read_ja_en, split_pairs  # noqa: E402

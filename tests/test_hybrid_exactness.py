@@ -28,8 +28,8 @@ def check_equal(devices, mode, dictionaries, **overrides):
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True,
                                             output_loss_chunk_rows=5)
     torch.manual_seed(0)
-    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, **overrides)
-    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, **overrides,
+    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides})
+    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides},
                         hybrid_devices=",".join(devices), hybrid_mode=mode)
     group.load_state_dict(single.state_dict())
     assert group.plan is not None and group.plan.size == len(devices)

@@ -51,10 +51,8 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         self.chunk_rows = output_loss_chunk_rows
 
     def shard_loss(self, features: Tensor, weight: Tensor, bias: Tensor, target: Tensor) -> Tuple[Tensor, ...]:
-        """Summed ``(loss, nll_loss, n_correct, total)`` of one batch shard."""
-        if self.ignore_prefix_size > 0:
-            features = features[:, self.ignore_prefix_size :, :]
-            target = target[:, self.ignore_prefix_size :]
+        """Summed ``(loss, nll_loss, n_correct, total)`` of one piece of the
+        batch (some sentences, some target positions)."""
         if self.chunk_rows > 0:
             return fused_linear_label_smoothed_ce(
                 features, weight, bias, target, self.eps, self.padding_idx, self.chunk_rows, self.report_accuracy
@@ -78,6 +76,11 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             # data-parallel path: the plain full-logits computation does it.
             return super().forward(model, sample, reduce=False)
         target = model.get_targets(sample, None)
+        if self.ignore_prefix_size > 0:
+            # Padding, not slicing: the engine cuts the targets into pieces
+            # along time, and padding is ignored wherever it falls.
+            target = target.clone()
+            target[:, : self.ignore_prefix_size] = self.padding_idx
         loss, nll_loss, n_correct, total = model.compute_loss(sample["net_input"], target, self.shard_loss)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {

@@ -19,6 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..parallel.seeded_dropout import SeededDropout
+
 ATTENTION_TYPES = ("dot", "general", "mlp")
 
 
@@ -88,7 +90,7 @@ class AttentionSoftmax(nn.Module):
         super().__init__()
         self.attention = LuongAttention(attention_type, decoder_hidden_size, encoder_output_size)
         self.attentional = nn.Linear(encoder_output_size + decoder_hidden_size, out_embed_dim, bias=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = SeededDropout(dropout)
         if tied_weight is not None:
             if tied_weight.shape != (num_embeddings, out_embed_dim):
                 raise ValueError(

@@ -17,6 +17,7 @@ step decoding (beam search) carries each layer's ``(h, c)`` in fairseq's
 """
 
 
+import copy
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -32,9 +33,10 @@ from fairseq.models import (
 )
 from torch import Tensor
 
-from ..parallel.batch_shards import sharded_sum
-from ..parallel.device_plan import MODES, DevicePlan, build_plan, plan_table
+from ..parallel.device_plan import MODES, DevicePlan, DevicePlanError, build_plan, plan_table
+from ..parallel.replicas import Replicas
 from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
+from .hybrid_cells import data_parallel_step, hybrid_step
 from .lstm_stacks import LSTMDecoderStack, LSTMEncoderStack
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,13 @@ class HybridLSTMConfig(FairseqDataclass):
         metadata={
             "help": "device index of every layer, 'encoder=0,1,0,1;decoder=0,1,0,1'; "
             "empty: encoder and decoder layer l on device l mod K"
+        },
+    )
+    hybrid_chunk_length: int = field(
+        default=0,
+        metadata={
+            "help": "time steps per wavefront cell of the LSTM stacks; 0: split each sequence into as many "
+            "chunks as there are devices"
         },
     )
     hybrid_mode: ChoiceEnum(MODES) = field(
@@ -212,6 +221,10 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
     def __init__(self, encoder, decoder):
         super().__init__(encoder, decoder)
         self.plan: Optional[DevicePlan] = None
+        self.chunk_length = 0
+        # Replicas for batch shards on other devices (see parallel/replicas.py);
+        # plain attributes, so they are neither parameters nor saved.
+        self._replicas: Dict[str, Replicas] = {}
 
     @classmethod
     def build_model(cls, cfg, task):
@@ -223,7 +236,10 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
             plan = build_plan(
                 cfg.hybrid_devices, cfg.hybrid_placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers
             )
+            if cfg.hybrid_chunk_length < 0:
+                raise DevicePlanError(f"--hybrid-chunk-length must be >= 0, got {cfg.hybrid_chunk_length}")
             model.place(plan)
+            model.chunk_length = cfg.hybrid_chunk_length
             logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, model.placement_table())
         elif cfg.hybrid_placement:
             raise ValueError("--hybrid-placement needs --hybrid-devices")
@@ -301,42 +317,38 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         )
 
     def attention_softmax_loss(self, rnn_out: RNNOutput, target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
-        """The attention-softmax part followed by ``shard_loss``, one batch
-        shard per device of the plan (one shard without a plan).
+        """The attention-softmax part followed by ``shard_loss`` on one
+        device, in one piece: what the single-device model computes.
 
-        ``shard_loss`` returns sums, so adding the shards' results gives the
-        single-device value; each shard's replica sends its parameter
-        gradients back to the master and its state gradients back into the
-        RNN part through autograd.
+        ``shard_loss`` returns sums, so that the hybrid engine can add the
+        results of batch shards and get this value back.
         """
         part = self.decoder.attention_softmax
-        devices = self.plan.shard_devices if self.plan is not None else [part.output_weight.device]
-
-        def shard(replica, rows, device):
-            features, _ = replica.features(*(tensor[rows].to(device) for tensor in rnn_out))
-            return shard_loss(features, replica.output_weight, replica.output_bias, target[rows].to(device))
-
-        return sharded_sum(part, devices, target.size(0), shard)
+        features, _ = part.features(*rnn_out)
+        return shard_loss(features, part.output_weight, part.output_bias, target.to(part.output_bias.device))
 
     def compute_loss(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
-        """What ``hybrid_cross_entropy`` calls: the summed loss of a batch,
-        run the way the plan says."""
-        if self.plan is not None and self.plan.mode == "data":
-            return self._data_parallel_loss(net_input, target, shard_loss)
-        return self.attention_softmax_loss(self.forward_rnn(**net_input), target, shard_loss)
+        """What ``hybrid_cross_entropy`` calls: the summed loss of a batch.
+        With a device plan, the hybrid engine runs the step as cells on the
+        plan's devices, all at once (:mod:`.hybrid_cells`)."""
+        if self.plan is None:
+            return self.attention_softmax_loss(self.forward_rnn(**net_input), target, shard_loss)
+        if self.plan.mode == "data":
+            return data_parallel_step(self, self.plan, net_input, target, shard_loss)
+        return hybrid_step(self, self.plan, net_input, target, shard_loss, self.chunk_length)
 
-    def _data_parallel_loss(self, net_input, target, shard_loss):
-        """Pure data parallelism inside one process: a whole-model replica
-        per device, each on a contiguous batch shard."""
+    def attention_softmax_replicas(self) -> Replicas:
+        if "attention_softmax" not in self._replicas:
+            self._replicas["attention_softmax"] = Replicas(self.decoder.attention_softmax)
+        return self._replicas["attention_softmax"]
 
-        def shard(replica, rows, device):
-            shard_input = {key: value[rows].to(device) for key, value in net_input.items() if torch.is_tensor(value)}
-            rnn_out = replica.forward_rnn(**shard_input)
-            part = replica.decoder.attention_softmax
-            features, _ = part.features(*rnn_out)
-            return shard_loss(features, part.output_weight, part.output_bias, target[rows].to(device))
-
-        return sharded_sum(self, self.plan.devices, target.size(0), shard)
+    def whole_model_replicas(self) -> Replicas:
+        """Replicas of the whole model, without a plan (data mode)."""
+        if "model" not in self._replicas:
+            self._replicas["model"] = Replicas(
+                self, make_copy=lambda model: type(model)(copy.deepcopy(model.encoder), copy.deepcopy(model.decoder))
+            )
+        return self._replicas["model"]
 
 
 def _set_defaults(cfg, **defaults):

@@ -19,6 +19,10 @@ from fairseq import utils
 from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..parallel.seeded_dropout import SeededDropout
+
+LSTM_PARAMETERS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+
 
 def make_embedding(num_embeddings: int, embed_dim: int, padding_idx: int) -> nn.Embedding:
     embedding = nn.Embedding(num_embeddings, embed_dim, padding_idx=padding_idx)
@@ -39,6 +43,14 @@ def module_device(module: nn.Module) -> torch.device:
     """The device a layer lives on (the hybrid engine may place each layer
     on a device of its own; inputs follow the layer)."""
     return next(module.parameters()).device
+
+
+def reversed_positions(lengths: Tensor, width: int) -> Tensor:
+    """B x ``width`` indices that reverse each row's first ``lengths[b]``
+    positions and leave its padding in place (an involution)."""
+    positions = torch.arange(width).expand(len(lengths), width)
+    lengths = lengths.to(positions.device).unsqueeze(1)
+    return torch.where(positions < lengths, lengths - 1 - positions, positions)
 
 
 def layer_sizes(input_size: int, hidden_size: int, num_layers: int, num_bidirectional: int) -> List[Tuple[int, int, bool]]:
@@ -86,8 +98,22 @@ class LSTMEncoderStack(nn.Module):
             make_lstm(in_size, hidden_size, bidirectional) for in_size, _, bidirectional in self.sizes
         )
         self.residual = residual
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = SeededDropout(dropout)
         self.output_size = self.sizes[-1][1]
+        # One plain LSTM per direction of each bidirectional layer, holding no
+        # parameters of its own: the hybrid engine runs the two directions on
+        # two devices with the layer's parameters (see ``run_direction``).
+        self._direction_templates = {}
+
+    def has_residual(self, index: int) -> bool:
+        return self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]
+
+    def embed(self, src_tokens: Tensor) -> Tensor:
+        """Right-padded source tokens B x S to dropped-out embeddings."""
+        return self.dropout(self.embed_tokens(src_tokens.to(self.embed_tokens.weight.device)))
+
+    def right_padded(self, src_tokens: Tensor) -> Tensor:
+        return utils.convert_padding_direction(src_tokens, self.padding_idx, left_to_right=True)
 
     def run_layer(self, index: int, inputs: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """One layer over ``inputs`` B x S x C: returns outputs B x S x C',
@@ -99,15 +125,69 @@ class LSTMEncoderStack(nn.Module):
         # h, c: (directions, B, H) -> B x (directions * H)
         h = h.transpose(0, 1).reshape(inputs.size(0), -1)
         c = c.transpose(0, 1).reshape(inputs.size(0), -1)
-        if self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]:
+        if self.has_residual(index):
             outputs = outputs + inputs
         return self.dropout(outputs), h, c
 
+    def run_chunk(
+        self, index: int, inputs: Tensor, sorted_lengths: Tensor, start: int, state: Optional[Tuple[Tensor, Tensor]]
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """A unidirectional layer over the time chunk ``inputs`` B x W x C
+        that starts at position ``start``, from ``state`` (``h``, ``c``,
+        B x H; zeros when None).  Rows are sorted by length, longest first,
+        so the sentences still running are a prefix of the batch; the others
+        keep their state and get zero outputs.  Chaining the chunks of a
+        layer gives exactly ``run_layer``."""
+        layer = self.layers[index]
+        batch, width, _ = inputs.shape
+        hidden = layer.hidden_size
+        if state is None:
+            zeros = inputs.new_zeros(batch, hidden)
+            state = (zeros, zeros)
+        running = int((sorted_lengths > start).sum())
+        if running == 0:
+            outputs = inputs.new_zeros(batch, width, hidden)
+            h, c = state
+        else:
+            lengths = (sorted_lengths[:running] - start).clamp(max=width)
+            packed = pack_padded_sequence(inputs[:running], lengths, batch_first=True, enforce_sorted=True)
+            packed_out, (h, c) = layer(packed, (state[0][:running].unsqueeze(0), state[1][:running].unsqueeze(0)))
+            outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=width)
+            h, c = h.squeeze(0), c.squeeze(0)
+            if running < batch:
+                outputs = torch.cat([outputs, outputs.new_zeros(batch - running, width, hidden)])
+                h = torch.cat([h, state[0][running:]])
+                c = torch.cat([c, state[1][running:]])
+        if self.has_residual(index):
+            outputs = outputs + inputs
+        return self.dropout(outputs), h, c
+
+    def run_direction(self, index: int, reverse: bool, inputs: Tensor, sorted_lengths: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """One direction of the bidirectional layer ``index`` over the whole
+        ``inputs`` B x S x C (rows sorted by length, longest first): outputs
+        B x S x H and final ``h``, ``c`` B x H, as the layer's own halves.
+        The reverse direction is the forward recurrence over each sentence
+        reversed in place (padding stays at the end)."""
+        layer = self.layers[index]
+        key = (index, reverse)
+        if key not in self._direction_templates:
+            self._direction_templates[key] = nn.LSTM(layer.input_size, layer.hidden_size, batch_first=True)
+        suffix = "_reverse" if reverse else ""
+        weights = {name: getattr(layer, name + suffix) for name in LSTM_PARAMETERS}
+        if reverse:
+            positions = reversed_positions(sorted_lengths, inputs.size(1)).to(inputs.device)
+            inputs = inputs.gather(1, positions.unsqueeze(-1).expand_as(inputs))
+        packed = pack_padded_sequence(inputs, sorted_lengths, batch_first=True, enforce_sorted=True)
+        packed_out, (h, c) = torch.func.functional_call(self._direction_templates[key], weights, (packed,))
+        outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=inputs.size(1))
+        if reverse:
+            outputs = outputs.gather(1, positions.unsqueeze(-1).expand_as(outputs))
+        return outputs, h.squeeze(0), c.squeeze(0)
+
     def forward(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
-        src_tokens = src_tokens.to(self.embed_tokens.weight.device)
-        src_tokens = utils.convert_padding_direction(src_tokens, self.padding_idx, left_to_right=True)
+        src_tokens = self.right_padded(src_tokens.to(self.embed_tokens.weight.device))
         padding_mask = src_tokens.eq(self.padding_idx)
-        x = self.dropout(self.embed_tokens(src_tokens))
+        x = self.embed(src_tokens)
         final_h, final_c = [], []
         for index in range(len(self.layers)):
             x, h, c = self.run_layer(index, x, src_lengths)
@@ -152,15 +232,20 @@ class LSTMDecoderStack(nn.Module):
         self.num_encoder_layers = len(encoder_state_sizes)
         self.hidden_size = hidden_size
         self.residual = residual
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = SeededDropout(dropout)
+
+    def embed(self, prev_output_tokens: Tensor) -> Tensor:
+        return self.dropout(self.embed_tokens(prev_output_tokens.to(self.embed_tokens.weight.device)))
+
+    def bridge(self, index: int, h: Tensor, c: Tensor) -> Tuple[Tensor, Tensor]:
+        """The decoder layer's initial state from the encoder layer's final one."""
+        device = module_device(self.layers[index])
+        return self.bridges_h[index](h.to(device)), self.bridges_c[index](c.to(device))
 
     def initial_state(self, index: int, encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor]:
         device = module_device(self.layers[index])
         if index < self.num_encoder_layers:
-            return (
-                self.bridges_h[index](encoder_out["final_h"][index].to(device)),
-                self.bridges_c[index](encoder_out["final_c"][index].to(device)),
-            )
+            return self.bridge(index, encoder_out["final_h"][index], encoder_out["final_c"][index])
         batch = encoder_out["encoder_out"][0].size(0)
         zeros = encoder_out["encoder_out"][0].new_zeros(batch, self.hidden_size, device=device)
         return zeros, zeros
@@ -188,8 +273,7 @@ class LSTMDecoderStack(nn.Module):
         the per-layer ``(h, c)`` to continue from (incremental decoding);
         without them, each layer starts from the encoder.  Returns the top
         states B x T x H and the new per-layer states."""
-        prev_output_tokens = prev_output_tokens.to(self.embed_tokens.weight.device)
-        x = self.dropout(self.embed_tokens(prev_output_tokens))
+        x = self.embed(prev_output_tokens)
         new_states = []
         for index in range(len(self.layers)):
             state = states[index] if states is not None else self.initial_state(index, encoder_out)

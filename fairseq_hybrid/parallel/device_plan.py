@@ -48,13 +48,22 @@ class DevicePlan:
         return self.devices[self.decoder[layer]]
 
     @property
-    def shard_devices(self) -> List[torch.device]:
-        """Where the attention-softmax shards run: every device, except in
-        pure model parallelism, where the whole part stays with the top
-        decoder layer."""
+    def shard_workers(self) -> List[int]:
+        """Which devices (indices) run the attention-softmax shards: every
+        device, except in pure model parallelism, where the whole part runs
+        with the top decoder layer."""
         if self.mode == "model":
-            return [self.decoder_device(len(self.decoder) - 1)]
-        return list(self.devices)
+            return [self.decoder[-1]]
+        return list(range(self.size))
+
+    @property
+    def shard_devices(self) -> List[torch.device]:
+        return [self.devices[worker] for worker in self.shard_workers]
+
+    def partner(self, worker: int) -> int:
+        """The device that runs the reverse direction of a bidirectional
+        layer placed on ``worker``: the next one, where there is one."""
+        return (worker + 1) % self.size
 
 
 def parse_devices(spec: str) -> List[torch.device]:

@@ -1,0 +1,234 @@
+"""One training step of ``hybrid_lstm`` cut into cells for the hybrid engine.
+
+The cells, each on the device of the plan that owns its parameters:
+
+* source embedding (with encoder layer 0);
+* each bidirectional encoder layer as two whole-sequence cells, the forward
+  direction on the layer's device and the reverse direction on the next
+  device (a reverse direction needs the whole input, so these layers sit at
+  the bottom);
+* each unidirectional encoder layer as one cell per time chunk, carrying
+  ``(h, c)`` from chunk to chunk; the encoder runs with rows sorted by
+  source length so the sentences still running in a chunk are a prefix;
+* the top encoder states put back in batch order and cut into batch shards;
+* target embedding (with decoder layer 0) and each decoder layer as one cell
+  per time chunk; chunk 0 of decoder layer ``l`` starts from the final state
+  of encoder layer ``l``, so it runs as soon as that layer is done;
+* one attention-softmax cell per batch shard (``hybrid``: every device;
+  ``model``: one shard on the top decoder layer's device) and time chunk,
+  each with its device's replica of the attention-softmax parameters,
+  ending in the criterion's summed loss.
+
+``data`` mode is one whole-model cell per device, each on its batch shard.
+Every cell computes what the single-device model computes for its piece,
+so the step's loss and gradients equal the single-device ones.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ..parallel.batch_shards import batch_slices, sum_on
+from ..parallel.cell_graph import Cell, run_cells
+from ..parallel.device_plan import DevicePlan
+from ..parallel.replicas import Replicas
+from ..parallel.wavefront import Ref
+from ..parallel.worker import worker_group
+
+# A layer's output: for each time chunk, the refs of the parts that are
+# concatenated along the feature dimension (the two directions of a
+# bidirectional layer, or one part).
+LayerOutput = List[List[Ref]]
+
+
+def time_chunks(length: int, chunk_length: int, count: int) -> List[slice]:
+    """The time chunks of a sequence: ``chunk_length`` steps each, or
+    ``count`` near-equal chunks when ``chunk_length`` is 0."""
+    if chunk_length > 0:
+        return [slice(start, min(start + chunk_length, length)) for start in range(0, max(length, 1), chunk_length)]
+    return batch_slices(max(length, 1), count)
+
+
+class StepBuilder:
+    """Collects the cells of one step; ``add`` returns the new cell's index."""
+
+    def __init__(self, model, plan: DevicePlan):
+        self.model = model
+        self.plan = plan
+        self.devices = plan.devices
+        self.cells: List[Cell] = []
+
+    def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]]) -> int:
+        self.cells.append(Cell(name, worker, list(inputs), run))
+        return len(self.cells) - 1
+
+
+def _join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
+    return torch.cat(list(parts), dim=1 if chunked else -1) if len(parts) > 1 else parts[0]
+
+
+def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
+                chunk_length: int) -> Tuple[Tensor, ...]:
+    """The summed shard losses of one batch, computed by the cells of the
+    ``hybrid`` or ``model`` mode on the plan's workers."""
+    encoder, decoder = model.encoder.stack, model.decoder.stack
+    step = StepBuilder(model, plan)
+    src_tokens = encoder.right_padded(net_input["src_tokens"])
+    src_lengths = net_input["src_lengths"].cpu()
+    prev_output_tokens = net_input["prev_output_tokens"]
+    order = torch.sort(src_lengths, descending=True, stable=True).indices
+    restore = torch.argsort(order)
+    sorted_lengths = src_lengths[order]
+    padding_mask = src_tokens.eq(encoder.padding_idx)
+    source_chunks = time_chunks(src_tokens.size(1), chunk_length, plan.size)
+    target_chunks = time_chunks(prev_output_tokens.size(1), chunk_length, plan.size)
+    shards = batch_slices(target.size(0), len(plan.shard_workers))
+    shard_workers = plan.shard_workers[: len(shards)]
+
+    # -- encoder -------------------------------------------------------------
+    def embed_source():
+        x = encoder.embed(src_tokens[order])
+        return x.split([chunk.stop - chunk.start for chunk in source_chunks], dim=1)
+
+    embedding = step.add("source embedding", plan.encoder[0], [], embed_source)
+    below: LayerOutput = [[(embedding, c)] for c in range(len(source_chunks))]
+    final_states: List[Tuple[List[Ref], List[Ref]]] = []
+    count = len(source_chunks)
+    for layer, module in enumerate(encoder.layers):
+        worker = plan.encoder[layer]
+        if module.bidirectional:
+            halves = []
+            for reverse in (False, True):
+                def run_direction(*parts, layer=layer, reverse=reverse, width=len(below[0])):
+                    x = _join([_join(parts[c * width:(c + 1) * width]) for c in range(count)], chunked=True)
+                    out, h, c = encoder.run_direction(layer, reverse, x, sorted_lengths)
+                    if encoder.has_residual(layer):
+                        size = out.size(-1)
+                        out = out + x[..., size:] if reverse else out + x[..., :size]
+                    out = encoder.dropout(out)
+                    return (*out.split([chunk.stop - chunk.start for chunk in source_chunks], dim=1), h, c)
+
+                direction_worker = plan.partner(worker) if reverse else worker
+                name = f"encoder layer {layer} {'reverse' if reverse else 'forward'}"
+                halves.append(step.add(name, direction_worker, [ref for chunk in below for ref in chunk],
+                                       run_direction))
+            below = [[(half, c) for half in halves] for c in range(count)]
+            final_states.append(([(half, count) for half in halves], [(half, count + 1) for half in halves]))
+        else:
+            previous = None
+            chunk_cells = []
+            for c, chunk in enumerate(source_chunks):
+                def run_chunk(*args, layer=layer, start=chunk.start, width=len(below[c]), first=(c == 0)):
+                    x = _join(args[:width])
+                    state = None if first else (args[width], args[width + 1])
+                    return encoder.run_chunk(layer, x, sorted_lengths, start, state)
+
+                state_refs = [] if previous is None else [(previous, 1), (previous, 2)]
+                previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs, run_chunk)
+                chunk_cells.append(previous)
+            below = [[(cell, 0)] for cell in chunk_cells]
+            final_states.append(([(previous, 1)], [(previous, 2)]))
+
+    def encoder_top(*parts, width=len(below[0])):
+        x = _join([_join(parts[c * width:(c + 1) * width]) for c in range(count)], chunked=True)
+        x = x[restore.to(x.device)]
+        return tuple(x[rows] for rows in shards)
+
+    top_worker = plan.encoder[-1]
+    encoder_pieces = step.add("encoder top states", top_worker, [ref for chunk in below for ref in chunk],
+                              encoder_top)
+
+    # -- decoder ---------------------------------------------------------------
+    def embed_target():
+        y = decoder.embed(prev_output_tokens)
+        return y.split([chunk.stop - chunk.start for chunk in target_chunks], dim=1)
+
+    embedding = step.add("target embedding", plan.decoder[0], [], embed_target)
+    below = [[(embedding, c)] for c in range(len(target_chunks))]
+    top_layer = len(decoder.layers) - 1
+    for layer in range(len(decoder.layers)):
+        worker = plan.decoder[layer]
+        previous = None
+        chunk_cells = []
+        for c in range(len(target_chunks)):
+            if previous is not None:
+                state_refs = [(previous, 0), (previous, 1)]
+            elif layer < len(final_states):
+                state_refs = final_states[layer][0] + final_states[layer][1]
+            else:
+                state_refs = []
+
+            def run_chunk(*args, layer=layer, first=(c == 0)):
+                x, state = args[0], args[1:]
+                device = x.device
+                if first and state:
+                    half = len(state) // 2
+                    h, c = _join(state[:half])[restore.to(device)], _join(state[half:])[restore.to(device)]
+                    state = decoder.bridge(layer, h, c)
+                elif not state:
+                    zeros = x.new_zeros(x.size(0), decoder.hidden_size)
+                    state = (zeros, zeros)
+                out, h, c = decoder.run_layer(layer, x, state)
+                if layer == top_layer:
+                    return (h, c, *(out[rows] for rows in shards))
+                return h, c, out
+
+            previous = step.add(f"decoder layer {layer} chunk {c}", worker, below[c] + state_refs, run_chunk)
+            chunk_cells.append(previous)
+        below = [[(cell, 2)] for cell in chunk_cells]
+    decoder_chunks = chunk_cells
+
+    # -- attention-softmax shards ---------------------------------------------------
+    # One cell per (batch shard, time chunk): the shard's device starts on a
+    # chunk as soon as the top decoder layer has produced it.
+    part = model.decoder.attention_softmax
+    replicas = model.attention_softmax_replicas()
+    master_worker = plan.decoder[0]
+    outputs = []
+    for k, (rows, worker) in enumerate(zip(shards, shard_workers)):
+        device = plan.devices[worker]
+        replica = part if worker == master_worker else replicas.on(worker, device)
+        for c, chunk in enumerate(target_chunks):
+            def run_shard(states, encoder_states, replica=replica, rows=rows, chunk=chunk, device=device):
+                features, _ = replica.features(states, encoder_states, padding_mask[rows].to(device))
+                return shard_loss(features, replica.output_weight, replica.output_bias,
+                                  target[rows, chunk].to(device))
+
+            inputs = [(decoder_chunks[c], 2 + k), (encoder_pieces, k)]
+            outputs.append(step.add(f"attention-softmax shard {k} chunk {c}", worker, inputs, run_shard))
+    return _run(step, outputs, replicas, shard_workers)
+
+
+def data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
+                       shard_loss) -> Tuple[Tensor, ...]:
+    """Pure data parallelism inside one process: a whole-model replica per
+    device, each on a contiguous batch shard."""
+    step = StepBuilder(model, plan)
+    shards = batch_slices(target.size(0), plan.size)
+    replicas = model.whole_model_replicas()
+    outputs = []
+    for worker, rows in enumerate(shards):
+        device = plan.devices[worker]
+        replica = model if worker == 0 else replicas.on(worker, device)
+
+        def run_shard(replica=replica, rows=rows, device=device):
+            shard_input = {key: value[rows].to(device) for key, value in net_input.items() if torch.is_tensor(value)}
+            rnn_out = replica.forward_rnn(**shard_input)
+            part = replica.decoder.attention_softmax
+            features, _ = part.features(*rnn_out)
+            return shard_loss(features, part.output_weight, part.output_bias, target[rows].to(device))
+
+        outputs.append(step.add(f"whole-model shard {worker}", worker, [], run_shard))
+    return _run(step, outputs, replicas, list(range(len(shards))))
+
+
+def _run(step: StepBuilder, shard_cells: List[int], replicas: Replicas, workers: List[int]) -> Tuple[Tensor, ...]:
+    """Run the cells; return the shards' results added on the first shard's
+    device.  After the backward pass the replicas' gradients go to the
+    master parameters."""
+    results = run_cells(step.cells, worker_group(step.devices), shard_cells,
+                        after_backward=lambda: replicas.reduce(workers))
+    return sum_on(results, results[0][0].device)

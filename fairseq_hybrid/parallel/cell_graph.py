@@ -1,0 +1,254 @@
+"""Running a step's cells on the workers of a group, forward and backward.
+
+Every cell's autograd graph is cut at its inputs: a cell reads the outputs
+of earlier cells as fresh leaves, so its backward is a call of its own
+(``torch.autograd.backward`` on the cell's outputs) that its device's worker
+runs.  This matters on CPU, where a single ``loss.backward()`` runs all
+backward work on the calling thread: with stage-local backward, K workers
+run the reverse wavefront on K cores (DESIGN.md section 2).  A cell's input
+gradients (its leaves' ``.grad``) are handed to the cells that produced
+them; a producer read by several cells adds their gradients in a fixed
+order, so a step's result never depends on thread timing.
+
+:func:`run_cells` ties this into ordinary autograd: it returns the
+requested outputs through one ``autograd.Function`` whose backward runs the
+reverse wavefront, so the trainer's ``loss.backward()`` drives it unchanged.
+Parameters receive their gradients directly from the cells' backward calls.
+
+On CUDA each worker has a stream; a cell records an event after it runs and
+every reader waits for that event before using the output.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from functools import partial
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .seeded_dropout import cell_generator
+from .wavefront import CellSpec, Ref, worker_orders
+from .worker import Aborted, WorkerGroup
+
+
+class Cell(NamedTuple):
+    """A piece of a step on one worker: ``run(*inputs) -> outputs``, where
+    ``inputs`` are the outputs ``(cell, index)`` of earlier cells."""
+
+    name: str
+    worker: int
+    inputs: Sequence[Ref]
+    run: Callable[..., Sequence[Tensor]]
+
+
+class CellTime(NamedTuple):
+    """When a cell ran (``time.perf_counter`` seconds), for schedule traces."""
+
+    name: str
+    worker: int
+    phase: str  # "forward" or "backward"
+    start: float
+    end: float
+
+
+_traces: List[List[CellTime]] = []
+
+
+@contextmanager
+def record_cell_times() -> Iterator[List[CellTime]]:
+    """Collect a :class:`CellTime` for every cell run inside the block (CPU
+    wall clock: on CUDA it times the queueing, not the kernels)."""
+    trace: List[CellTime] = []
+    _traces.append(trace)
+    try:
+        yield trace
+    finally:
+        _traces.remove(trace)
+
+
+def _note(cell: "Cell", phase: str, start: float) -> None:
+    if _traces:
+        entry = CellTime(cell.name, cell.worker, phase, start, time.perf_counter())
+        for trace in _traces:
+            trace.append(entry)
+
+
+class CellGraph:
+    """The cells of one step and what they produced.
+
+    ``forward`` runs every worker's cells in wavefront order; ``backward``,
+    given gradients of some outputs, runs them in the reverse order.
+    """
+
+    MAIN = 1 << 30  # the consumer id of gradients that come from outside the graph
+
+    def __init__(self, cells: Sequence[Cell], group: WorkerGroup, seed: int,
+                 after_backward: Callable[[], None] = lambda: None):
+        self.cells = list(cells)
+        self.after_backward = after_backward
+        self.group = group
+        self.seed = seed
+        specs = [CellSpec(cell.worker, cell.inputs) for cell in self.cells]
+        self.orders = worker_orders(specs, len(group.devices))
+        count = len(self.cells)
+        self.outputs: List[Optional[Tuple[Tensor, ...]]] = [None] * count
+        self.leaves: List[Optional[List[Tensor]]] = [None] * count
+        self.events: List[Optional[object]] = [None] * count
+        self.forward_done = [threading.Event() for _ in range(count)]
+        self.backward_done = [threading.Event() for _ in range(count)]
+        self.consumers: List[List[int]] = [[] for _ in range(count)]
+        for index, cell in enumerate(self.cells):
+            for producer, _ in cell.inputs:
+                if index not in self.consumers[producer]:
+                    self.consumers[producer].append(index)
+        self.grads: Dict[Ref, Dict[int, Tuple[Tensor, Optional[object]]]] = {}
+        self.aborted = False
+
+    # -- running -----------------------------------------------------------
+
+    def forward(self) -> None:
+        self.group.run([partial(self._run_forward, order) for order in self.orders], on_error=self._abort)
+
+    def backward(self, refs: Sequence[Ref], grads: Sequence[Optional[Tensor]]) -> None:
+        for ref, grad in zip(refs, grads):
+            if grad is not None:
+                self.grads.setdefault(ref, {})[self.MAIN] = (grad, None)
+        self.group.run([partial(self._run_backward, order[::-1]) for order in self.orders], on_error=self._abort)
+        self.after_backward()
+
+    def output(self, ref: Ref) -> Tensor:
+        return self.outputs[ref[0]][ref[1]]
+
+    def _abort(self) -> None:
+        self.aborted = True
+        for event in self.forward_done + self.backward_done:
+            event.set()
+
+    def _wait(self, event: threading.Event) -> None:
+        event.wait()
+        if self.aborted:
+            raise Aborted("stopped because another worker of the group failed")
+
+    # -- one cell --------------------------------------------------------------
+
+    def _run_forward(self, order: List[int]) -> None:
+        for index in order:
+            self._forward_cell(index)
+
+    def _forward_cell(self, index: int) -> None:
+        cell = self.cells[index]
+        device = self.group.devices[cell.worker]
+        grad_enabled = torch.is_grad_enabled()
+        leaves = []
+        for producer, position in cell.inputs:
+            self._wait(self.forward_done[producer])
+            value = self.outputs[producer][position]
+            leaf = _arrive(value.detach(), device, self.events[producer])
+            if grad_enabled and value.requires_grad:
+                leaf.requires_grad_()
+            leaves.append(leaf)
+        start = time.perf_counter()
+        with cell_generator(self.seed + index, device):
+            outputs = tuple(cell.run(*leaves))
+        _note(cell, "forward", start)
+        self.leaves[index] = leaves if grad_enabled else None
+        self.outputs[index] = outputs
+        self.events[index] = _record(device)
+        self.forward_done[index].set()
+
+    def _run_backward(self, order: List[int]) -> None:
+        for index in order:
+            self._backward_cell(index)
+
+    def _backward_cell(self, index: int) -> None:
+        cell = self.cells[index]
+        device = self.group.devices[cell.worker]
+        for consumer in self.consumers[index]:
+            self._wait(self.backward_done[consumer])
+        roots, root_grads = [], []
+        for position, value in enumerate(self.outputs[index]):
+            received = self.grads.pop((index, position), None)
+            if not received or not value.requires_grad:
+                continue
+            total = None
+            for consumer in sorted(received):  # a fixed order: the same sum in every run
+                grad, event = received[consumer]
+                grad = _arrive(grad, device, event)
+                total = grad if total is None else total + grad
+            roots.append(value)
+            root_grads.append(total)
+        start = time.perf_counter()
+        if roots:
+            torch.autograd.backward(roots, root_grads)
+        _note(cell, "backward", start)
+        for leaf, ref in zip(self.leaves[index] or [], cell.inputs):
+            if leaf.requires_grad and leaf.grad is not None:
+                self.grads.setdefault(ref, {})[index] = (leaf.grad, _record(device))
+        self.leaves[index] = None
+        self.outputs[index] = None
+        self.backward_done[index].set()
+
+
+def _record(device: torch.device):
+    """An event after the work queued so far on ``device`` (None on CPU)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def _arrive(value: Tensor, device: torch.device, event) -> Tensor:
+    """``value`` (made by another worker) ready for use on ``device``."""
+    if event is not None:
+        torch.cuda.current_stream(device).wait_event(event)
+        if value.device != device:
+            torch.cuda.current_stream(value.device).wait_event(event)
+        value.record_stream(torch.cuda.current_stream(device))
+    return value.to(device, non_blocking=True) if value.device != device else value
+
+
+class _Boundary(torch.autograd.Function):
+    """Outputs of a cell graph as ordinary autograd tensors; their backward
+    runs the graph's reverse wavefront."""
+
+    @staticmethod
+    def forward(ctx, graph: CellGraph, refs: Sequence[Ref], anchor: Tensor):
+        ctx.graph, ctx.refs = graph, refs
+        ctx.set_materialize_grads(False)
+        return tuple(graph.output(ref).detach().view_as(graph.output(ref)) for ref in refs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.graph.backward(ctx.refs, grads)
+        return None, None, None
+
+
+def run_cells(
+    cells: Sequence[Cell], group: WorkerGroup, results: Sequence[int], after_backward: Callable[[], None] = lambda: None
+) -> List[Tuple[Tensor, ...]]:
+    """Run ``cells`` on ``group`` and return the outputs of the cells
+    ``results``.  Under grad mode their floating-point outputs carry the
+    graph's backward, after which ``after_backward`` runs (on the caller's
+    thread, once every worker is done)."""
+    seed = int(torch.randint(0, 1 << 62, ()).item()) if torch.is_grad_enabled() else 0
+    graph = CellGraph(cells, group, seed, after_backward)
+    graph.forward()
+    refs = [(cell, position) for cell in results for position in range(len(graph.outputs[cell]))]
+    if not torch.is_grad_enabled():
+        values = [graph.output(ref) for ref in refs]
+    else:
+        differentiable = [ref for ref in refs if graph.output(ref).requires_grad]
+        anchor = torch.empty(0, requires_grad=True)
+        through = dict(zip(differentiable, _Boundary.apply(graph, differentiable, anchor))) if differentiable else {}
+        values = [through[ref] if ref in through else graph.output(ref).detach() for ref in refs]
+    tuples, start = [], 0
+    for cell in results:
+        width = len(graph.outputs[cell])
+        tuples.append(tuple(values[start:start + width]))
+        start += width
+    return tuples

@@ -1,0 +1,56 @@
+"""Replicas of a module for the data-parallel parts of a hybrid step.
+
+A batch shard that runs on another worker than the master module gets a
+replica: a copy of the module whose parameters share the master's storage
+where the device is the same (every CPU device, or virtual devices on one
+GPU) and hold a fresh copy of the master's values otherwise.  Each replica
+collects its own ``.grad`` during its worker's backward, and
+:meth:`Replicas.reduce` adds them into the master's gradients in worker
+order, once every worker is done, so the sum is the same in every run.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn as nn
+
+
+class Replicas:
+    def __init__(self, master: nn.Module, make_copy: Callable[[nn.Module], nn.Module] = copy.deepcopy):
+        self.master = master
+        self.make_copy = make_copy
+        self.copies: Dict[int, nn.Module] = {}
+
+    def on(self, worker: int, device: torch.device) -> nn.Module:
+        """The replica for ``worker`` on ``device``, up to date with the
+        master's parameters and its train/eval mode."""
+        replica = self.copies.get(worker)
+        if replica is None:
+            replica = self.copies[worker] = self.make_copy(self.master)
+        for master, param in zip(self.master.parameters(), replica.parameters()):
+            if master.device == device:
+                if param.data_ptr() != master.data_ptr() or param.dtype != master.dtype or param.shape != master.shape:
+                    param.data = master.data
+            elif param.device != device or param.dtype != master.dtype:
+                param.data = master.data.to(device)
+            else:
+                param.data.copy_(master.data, non_blocking=True)
+        replica.train(self.master.training)
+        return replica
+
+    def in_use(self, workers: List[int]) -> List[nn.Module]:
+        return [self.copies[worker] for worker in sorted(workers) if worker in self.copies]
+
+    def reduce(self, workers: List[int]) -> None:
+        """Add the gradients of the replicas of ``workers`` into the master
+        (in worker order) and clear them."""
+        for replica in self.in_use(workers):
+            for master, param in zip(self.master.parameters(), replica.parameters()):
+                if param.grad is None:
+                    continue
+                grad = param.grad.to(master.device)
+                master.grad = grad.clone() if master.grad is None else master.grad.add_(grad)
+                param.grad = None
