@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A few-minute check of the hybrid group on the device at hand.
 
-1. runs the exactness tests (``tests/test_hybrid_exactness.py``; their CUDA
-   variants run where CUDA is present),
+1. runs the exactness and engine tests (``tests/test_hybrid_exactness.py``,
+   ``tests/test_hybrid_engine.py``; the CUDA variants run where CUDA is
+   present),
 2. trains ``hybrid_lstm_base``-sized models on random batches and prints
    target tokens/s for one device and for groups of K devices in each mode,
    where a "device" list may repeat the one GPU (``cuda:0,cuda:0``: virtual
@@ -20,7 +21,7 @@ import time
 
 import torch
 
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, REPO)
 
@@ -63,7 +64,8 @@ def main():
     parser.add_argument("--skip-tests", action="store_true")
     args = parser.parse_args()
     if not args.skip_tests:
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", os.path.join(REPO, "tests", "test_hybrid_exactness.py")])
+        tests = [os.path.join(REPO, "tests", name) for name in ("test_hybrid_exactness.py", "test_hybrid_engine.py")]
+        code = subprocess.call([sys.executable, "-m", "pytest", "-q", *tests])
         if code != 0:
             return code
     count = torch.cuda.device_count() if args.device == "cuda" else 0

@@ -23,14 +23,15 @@ def loss_and_grads(model, criterion, sample):
     return loss.detach().to("cpu"), logging, grads
 
 
-def check_equal(devices, mode, dictionaries, **overrides):
+def check_equal(devices, mode, dictionaries, group_options=None, **overrides):
+    """``overrides``: model options of both models; ``group_options``: of the group only."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True,
                                             output_loss_chunk_rows=5)
     torch.manual_seed(0)
     single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides})
     group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides},
-                        hybrid_devices=",".join(devices), hybrid_mode=mode)
+                        hybrid_devices=",".join(devices), hybrid_mode=mode, **(group_options or {}))
     group.load_state_dict(single.state_dict())
     assert group.plan is not None and group.plan.size == len(devices)
     sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
