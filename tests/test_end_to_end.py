@@ -4,34 +4,12 @@ and resuming training from a checkpoint."""
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import FIXTURE, REPO
-
-BIN = os.path.dirname(sys.executable)
-USER_DIR = os.path.join(REPO, "fairseq_hybrid")
+from conftest import BIN, USER_DIR, run
 
 pytestmark = pytest.mark.slow
-
-
-def run(*args, **kwargs):
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
-    assert result.returncode == 0, f"{args[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
-@pytest.fixture(scope="module")
-def binarized(tmp_path_factory):
-    work = tmp_path_factory.mktemp("e2e")
-    run(sys.executable, os.path.join(REPO, "scripts", "spm_encode_parallel.py"), "--raw-dir", FIXTURE,
-        "--out-dir", work / "spm", "--src", "ja", "--tgt", "en", "--train-model", "--vocab-size", "2000")
-    run(os.path.join(BIN, "fairseq-preprocess"), "--source-lang", "ja", "--target-lang", "en", "--joined-dictionary",
-        "--trainpref", work / "spm" / "train", "--validpref", work / "spm" / "valid",
-        "--testpref", work / "spm" / "test", "--destdir", work / "bin", "--workers", "1")
-    return work
 
 
 def train(work, max_epoch):

@@ -228,3 +228,15 @@ def test_bfloat16_group_after_a_float32_step(dictionaries):
     for name in grads_ref:
         assert grads[name].dtype == torch.bfloat16, name
         torch.testing.assert_close(grads[name].float(), grads_ref[name].float(), rtol=2e-2, atol=1e-3, msg=name)
+
+
+def test_out_of_memory_names_the_device_and_the_part():
+    def too_big():
+        raise torch.OutOfMemoryError("Tried to allocate 20.00 GiB")
+
+    cells = [Cell("encoder layer 1 chunk 0", 1, [], too_big), Cell("source embedding", 0, [], lambda: (torch.ones(1),))]
+    with pytest.raises(WorkerError) as failure:
+        run_cells(cells, WorkerGroup(CPU2), [0, 1])
+    message = str(failure.value)
+    assert "out of memory on cpu in encoder layer 1 chunk 0 (forward)" in message
+    assert "hybrid worker 1" in message and "Tried to allocate 20.00 GiB" in message

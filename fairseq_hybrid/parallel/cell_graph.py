@@ -152,7 +152,7 @@ class CellGraph:
                 leaf.requires_grad_()
             leaves.append(leaf)
         start = time.perf_counter()
-        with cell_generator(self.seed + index, device):
+        with _naming_out_of_memory(cell, "forward", device), cell_generator(self.seed + index, device):
             outputs = tuple(cell.run(*leaves))
         _note(cell, "forward", start)
         self.leaves[index] = leaves if grad_enabled else None
@@ -183,7 +183,8 @@ class CellGraph:
             root_grads.append(total)
         start = time.perf_counter()
         if roots:
-            torch.autograd.backward(roots, root_grads)
+            with _naming_out_of_memory(cell, "backward", device):
+                torch.autograd.backward(roots, root_grads)
         _note(cell, "backward", start)
         for leaf, ref in zip(self.leaves[index] or [], cell.inputs):
             if leaf.requires_grad and leaf.grad is not None:
@@ -191,6 +192,25 @@ class CellGraph:
         self.leaves[index] = None
         self.outputs[index] = None
         self.backward_done[index].set()
+
+
+class DeviceOutOfMemory(RuntimeError):
+    """Out of memory on one device of a group, naming the device, the part
+    of the model and what the device held.  The text keeps "out of memory",
+    which fairseq's trainer looks for to skip the batch."""
+
+
+@contextmanager
+def _naming_out_of_memory(cell: Cell, phase: str, device: torch.device) -> Iterator[None]:
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        if device.type == "cuda":
+            held = (f"{torch.cuda.memory_allocated(device) / 2**20:,.0f} MiB allocated, "
+                    f"{torch.cuda.memory_reserved(device) / 2**20:,.0f} MiB reserved on {device}")
+        else:
+            held = f"memory held on {device} not tracked"
+        raise DeviceOutOfMemory(f"out of memory on {device} in {cell.name} ({phase}); {held}: {error}") from error
 
 
 def _record(device: torch.device):

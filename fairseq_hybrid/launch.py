@@ -1,0 +1,129 @@
+"""``fairseq-hybrid-train``: several hybrid groups, one per process, trained
+data-parallel over torch.distributed, with one command.
+
+    fairseq-hybrid-train --nproc-per-node 2 --devices-per-process 2 -- DATA --arch hybrid_lstm_base ...
+
+runs ``torchrun`` with ``nproc-per-node`` processes per node (``--nnodes``,
+``--node-rank``, ``--master-addr``, ``--master-port`` for several nodes).
+Each process drives one hybrid group of ``devices-per-process`` devices
+(CUDA devices ``local_rank * K ... local_rank * K + K - 1`` of its node, or K
+CPU devices with ``--device cpu``) and runs ``fairseq-train`` with the
+distributed flags taken from torchrun's environment.  These are the flags
+that work for fairseq on CPU too (DESIGN.md section 3): ``env://``
+initialisation, no spawning, gloo on CPU and NCCL on GPU, and fairseq's
+``legacy_ddp``, which all-reduces every gradient once after the whole
+backward pass (the hybrid engine's backward runs on its worker threads, not
+inside one autograd call that PyTorch's DDP hooks could follow).  Batches
+are split across processes only; checkpoints are written by rank 0 only.
+
+When a process dies, torchrun stops the others and names the failed rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from typing import List, Optional
+
+USER_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# fairseq-train options the launcher sets; giving them too is an error.
+OWNED = (
+    "--distributed-world-size", "--distributed-rank", "--distributed-init-method", "--distributed-no-spawn",
+    "--distributed-backend", "--ddp-backend", "--hybrid-devices", "--device-id", "--distributed-port",
+)
+
+
+def parse(argv: Optional[List[str]] = None):
+    parser = argparse.ArgumentParser(
+        prog="fairseq-hybrid-train",
+        description=__doc__.split("\n\n")[0] + " Arguments after -- go to fairseq-train.",
+    )
+    parser.add_argument("--nproc-per-node", type=int, default=1, help="hybrid groups (processes) per node")
+    parser.add_argument("--devices-per-process", type=int, default=1, help="devices of each hybrid group (K)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                        help="device kind (default: cuda where available, else cpu)")
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--dry-run", action="store_true", help="print the torchrun command and stop")
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--" not in argv:
+        parser.error("put the fairseq-train arguments after --, e.g. -- DATA --arch hybrid_lstm_base ...")
+    split = argv.index("--")
+    args = parser.parse_args(argv[:split])
+    train_args = argv[split + 1:]
+    for name, value in (("--nproc-per-node", args.nproc_per_node), ("--devices-per-process", args.devices_per_process),
+                        ("--nnodes", args.nnodes)):
+        if value < 1:
+            parser.error(f"{name} must be at least 1, got {value}")
+    for option in OWNED:
+        if any(arg == option or arg.startswith(option + "=") for arg in train_args):
+            parser.error(f"{option} is set by fairseq-hybrid-train; leave it out of the fairseq-train arguments")
+    return args, train_args
+
+
+def torchrun_command(args, train_args: List[str]) -> List[str]:
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(args.nproc_per_node), "--nnodes", str(args.nnodes),
+        "--node-rank", str(args.node_rank), "--master-addr", args.master_addr, "--master-port", str(args.master_port),
+        "-m", "fairseq_hybrid.launch", "--process", device, str(args.devices_per_process), *train_args,
+    ]
+
+
+def process_arguments(device: str, per_process: int, train_args: List[str], env=os.environ) -> List[str]:
+    """fairseq-train's arguments for the process torchrun started with
+    ``env`` (RANK, WORLD_SIZE, LOCAL_RANK)."""
+    rank, world_size, local_rank = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"])
+    if device == "cuda":
+        first = local_rank * per_process
+        devices = ",".join(f"cuda:{first + i}" for i in range(per_process))
+        placement = ["--device-id", str(first)]
+        backend = "nccl"
+    else:
+        devices = ",".join(["cpu"] * per_process)
+        placement = [] if "--cpu" in train_args else ["--cpu"]
+        backend = "gloo"
+    user_dir = [] if any(arg.startswith("--user-dir") for arg in train_args) else ["--user-dir", USER_DIR]
+    return [
+        *train_args, *user_dir, *placement, "--hybrid-devices", devices,
+        "--distributed-world-size", str(world_size), "--distributed-rank", str(rank),
+        "--distributed-init-method", "env://", "--distributed-no-spawn", "--distributed-backend", backend,
+        "--ddp-backend", "legacy_ddp",
+    ]
+
+
+def process_main(argv: List[str]) -> None:
+    """Inside a torchrun process: run fairseq-train for this rank."""
+    device, per_process, train_args = argv[0], int(argv[1]), argv[2:]
+    sys.argv = ["fairseq-train", *process_arguments(device, per_process, train_args)]
+    from fairseq_cli.train import cli_main
+
+    cli_main()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--process"]:
+        process_main(argv[1:])
+        return 0
+    args, train_args = parse(argv)
+    command = torchrun_command(args, train_args)
+    if args.dry_run:
+        print(" ".join(command))
+        return 0
+    return subprocess.call(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Several hybrid groups over torch.distributed (gloo on CPU), and faults:
+two processes x two CPU devices equal one process fed the union of their
+batches; a run killed with SIGKILL and restarted ends where an
+uninterrupted run ends; a dead process stops the others."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import BIN, USER_DIR, run
+from fairseq_hybrid.launch import parse, process_arguments, torchrun_command
+
+TINY = ["--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600", "--no-epoch-checkpoints", "--seed", "3",
+        "--no-progress-bar", "--log-format", "simple", "--log-interval", "1"]
+
+
+def parameters(checkpoint):
+    state = torch.load(checkpoint)
+    return state["optimizer_history"][-1]["num_updates"], state["model"]
+
+
+def assert_same_parameters(a, b, rtol=1e-5):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=1e-6, msg=name)
+
+
+def test_launcher_supplies_the_distributed_flags():
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}
+    cpu = process_arguments("cpu", 2, ["data", "--arch", "hybrid_lstm_base"], env)
+    assert cpu[:3] == ["data", "--arch", "hybrid_lstm_base"]
+    text = " ".join(cpu)
+    assert "--hybrid-devices cpu,cpu" in text and "--cpu" in cpu and "--distributed-backend gloo" in text
+    assert "--distributed-world-size 4 --distributed-rank 3" in text and "--ddp-backend legacy_ddp" in text
+    assert f"--user-dir {USER_DIR}" in text
+    gpu = " ".join(process_arguments("cuda", 2, ["data"], env))
+    assert "--hybrid-devices cuda:2,cuda:3" in gpu and "--device-id 2" in gpu and "nccl" in gpu
+
+    args, train_args = parse(["--nproc-per-node", "2", "--devices-per-process", "2", "--device", "cpu", "--",
+                              "data", "--lr", "1"])
+    command = torchrun_command(args, train_args)
+    assert command[1:3] == ["-m", "torch.distributed.run"] and "--nproc-per-node" in command
+    assert command[-6:] == ["--process", "cpu", "2", "data", "--lr", "1"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc-per-node", "2"], "after --"),
+    (["--", "data", "--distributed-world-size", "2"], "--distributed-world-size is set by"),
+    (["--devices-per-process", "0", "--", "data"], "must be at least 1"),
+])
+def test_launcher_rejects_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_on_the_union_of_their_batches(binarized, tmp_path):
+    """fairseq gives rank r the batches r, r + 2, ...; one process with
+    --update-freq 2 takes batches 2u and 2u + 1 for update u: the same
+    union, so the same parameters after 10 updates."""
+    run(os.path.join(BIN, "fairseq-hybrid-train"), "--nproc-per-node", "2", "--devices-per-process", "2",
+        "--device", "cpu", "--master-port", "29631", "--",
+        binarized / "bin", *TINY, "--max-update", "10", "--save-dir", tmp_path / "two")
+    run(os.path.join(BIN, "fairseq-train"), binarized / "bin", "--user-dir", USER_DIR, "--cpu", *TINY,
+        "--max-update", "10", "--hybrid-devices", "cpu,cpu", "--update-freq", "2", "--save-dir", tmp_path / "one")
+    updates_two, two = parameters(tmp_path / "two" / "checkpoint_last.pt")
+    updates_one, one = parameters(tmp_path / "one" / "checkpoint_last.pt")
+    assert updates_two == updates_one == 10
+    assert_same_parameters(two, one)
+    assert sorted(os.listdir(tmp_path / "two")) == ["checkpoint_best.pt", "checkpoint_last.pt"]
+
+
+def train_command(binarized, save_dir):
+    return [os.path.join(BIN, "fairseq-train"), str(binarized / "bin"), "--user-dir", USER_DIR, "--cpu", *TINY,
+            "--dropout", "0.2", "--max-update", "16", "--save-interval-updates", "4", "--hybrid-devices", "cpu,cpu",
+            "--save-dir", str(save_dir)]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_and_restart_ends_like_an_uninterrupted_run(binarized, tmp_path):
+    run(*train_command(binarized, tmp_path / "whole"))
+    command = train_command(binarized, tmp_path / "killed")
+    last = tmp_path / "killed" / "checkpoint_last.pt"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline:
+            try:
+                if last.exists() and parameters(last)[0] >= 8:
+                    break
+            except Exception:  # being written
+                pass
+            assert process.poll() is None, "training ended before it could be killed"
+            time.sleep(0.05)
+        else:
+            pytest.fail("no checkpoint at update 8 within 300 s")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    killed_at = parameters(last)[0]
+    assert 8 <= killed_at < 16  # killed in the middle of the first epoch (64 batches)
+    resumed = run(*command)
+    assert f"@ {killed_at} updates" in resumed.stdout + resumed.stderr
+    updates, after_restart = parameters(last)
+    assert updates == 16
+    assert_same_parameters(after_restart, parameters(tmp_path / "whole" / "checkpoint_last.pt")[1])
+
+
+def children(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+@pytest.mark.slow
+def test_a_dead_process_stops_the_others(binarized, tmp_path):
+    launcher = subprocess.Popen(
+        [os.path.join(BIN, "fairseq-hybrid-train"), "--nproc-per-node", "2", "--devices-per-process", "1",
+         "--device", "cpu", "--master-port", "29632", "--", str(binarized / "bin"), *TINY, "--max-update", "100000",
+         "--save-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        output = []
+        for line in launcher.stdout:
+            output.append(line)
+            if "num_updates=3," in line:
+                break
+        (torchrun,) = children(launcher.pid)
+        ranks = children(torchrun)
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        start = time.time()
+        rest, _ = launcher.communicate(timeout=120)
+        elapsed = time.time() - start
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    text = "".join(output) + rest
+    assert launcher.returncode != 0
+    assert elapsed < 120
+    assert "ChildFailedError" in text and "SIGKILL" in text, text[-3000:]
