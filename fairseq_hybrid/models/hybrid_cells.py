@@ -26,13 +26,13 @@ so the step's loss and gradients equal the single-device ones.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from ..parallel.batch_shards import batch_slices, sum_on
-from ..parallel.cell_graph import Cell, run_cells
+from ..parallel.cell_graph import Cell, Work, run_cells
 from ..parallel.device_plan import DevicePlan
 from ..parallel.replicas import Replicas
 from ..parallel.wavefront import Ref
@@ -61,8 +61,9 @@ class StepBuilder:
         self.devices = plan.devices
         self.cells: List[Cell] = []
 
-    def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]]) -> int:
-        self.cells.append(Cell(name, worker, list(inputs), run))
+    def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
+            work: Optional[Work] = None) -> int:
+        self.cells.append(Cell(name, worker, list(inputs), run, work))
         return len(self.cells) - 1
 
 
@@ -70,10 +71,22 @@ def _join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
     return torch.cat(list(parts), dim=1 if chunked else -1) if len(parts) > 1 else parts[0]
 
 
+class BuiltStep(NamedTuple):
+    step: StepBuilder
+    results: List[int]  # the cells whose outputs are the shards' loss sums
+    replicas: Replicas
+    replica_workers: List[int]
+
+
 def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                 chunk_length: int) -> Tuple[Tensor, ...]:
     """The summed shard losses of one batch, computed by the cells of the
     ``hybrid`` or ``model`` mode on the plan's workers."""
+    return _run(build_hybrid_step(model, plan, net_input, target, shard_loss, chunk_length))
+
+
+def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
+                      chunk_length: int) -> BuiltStep:
     encoder, decoder = model.encoder.stack, model.decoder.stack
     step = StepBuilder(model, plan)
     src_tokens = encoder.right_padded(net_input["src_tokens"])
@@ -93,7 +106,9 @@ def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: T
         x = encoder.embed(src_tokens[order])
         return x.split([chunk.stop - chunk.start for chunk in source_chunks], dim=1)
 
-    embedding = step.add("source embedding", plan.encoder[0], [], embed_source)
+    source_tokens = int(sorted_lengths.sum())
+    embedding = step.add("source embedding", plan.encoder[0], [], embed_source,
+                         Work("embedding", source_tokens, (encoder.embed_tokens.embedding_dim,)))
     below: LayerOutput = [[(embedding, c)] for c in range(len(source_chunks))]
     final_states: List[Tuple[List[Ref], List[Ref]]] = []
     count = len(source_chunks)
@@ -113,8 +128,9 @@ def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: T
 
                 direction_worker = plan.partner(worker) if reverse else worker
                 name = f"encoder layer {layer} {'reverse' if reverse else 'forward'}"
+                work = Work("lstm", source_tokens, (module.input_size, module.hidden_size, src_tokens.size(1)))
                 halves.append(step.add(name, direction_worker, [ref for chunk in below for ref in chunk],
-                                       run_direction))
+                                       run_direction, work))
             below = [[(half, c) for half in halves] for c in range(count)]
             final_states.append(([(half, count) for half in halves], [(half, count + 1) for half in halves]))
         else:
@@ -127,7 +143,10 @@ def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: T
                     return encoder.run_chunk(layer, x, sorted_lengths, start, state)
 
                 state_refs = [] if previous is None else [(previous, 1), (previous, 2)]
-                previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs, run_chunk)
+                tokens = int((sorted_lengths - chunk.start).clamp(min=0, max=chunk.stop - chunk.start).sum())
+                work = Work("lstm", tokens, (module.input_size, module.hidden_size, chunk.stop - chunk.start))
+                previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs, run_chunk,
+                                    work)
                 chunk_cells.append(previous)
             below = [[(cell, 0)] for cell in chunk_cells]
             final_states.append(([(previous, 1)], [(previous, 2)]))
@@ -139,14 +158,16 @@ def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: T
 
     top_worker = plan.encoder[-1]
     encoder_pieces = step.add("encoder top states", top_worker, [ref for chunk in below for ref in chunk],
-                              encoder_top)
+                              encoder_top, Work("gather", src_tokens.numel(), (encoder.output_size,)))
 
     # -- decoder ---------------------------------------------------------------
     def embed_target():
         y = decoder.embed(prev_output_tokens)
         return y.split([chunk.stop - chunk.start for chunk in target_chunks], dim=1)
 
-    embedding = step.add("target embedding", plan.decoder[0], [], embed_target)
+    batch = prev_output_tokens.size(0)
+    embedding = step.add("target embedding", plan.decoder[0], [], embed_target,
+                         Work("embedding", prev_output_tokens.numel(), (decoder.embed_tokens.embedding_dim,)))
     below = [[(embedding, c)] for c in range(len(target_chunks))]
     top_layer = len(decoder.layers) - 1
     for layer in range(len(decoder.layers)):
@@ -176,7 +197,10 @@ def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: T
                     return (h, c, *(out[rows] for rows in shards))
                 return h, c, out
 
-            previous = step.add(f"decoder layer {layer} chunk {c}", worker, below[c] + state_refs, run_chunk)
+            module = decoder.layers[layer]
+            steps = target_chunks[c].stop - target_chunks[c].start
+            work = Work("lstm", batch * steps, (module.input_size, module.hidden_size, steps))
+            previous = step.add(f"decoder layer {layer} chunk {c}", worker, below[c] + state_refs, run_chunk, work)
             chunk_cells.append(previous)
         below = [[(cell, 2)] for cell in chunk_cells]
     decoder_chunks = chunk_cells
@@ -190,45 +214,56 @@ def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: T
     outputs = []
     for k, (rows, worker) in enumerate(zip(shards, shard_workers)):
         device = plan.devices[worker]
-        replica = part if worker == master_worker else replicas.on(worker, device)
         for c, chunk in enumerate(target_chunks):
-            def run_shard(states, encoder_states, replica=replica, rows=rows, chunk=chunk, device=device):
+            def run_shard(states, encoder_states, worker=worker, rows=rows, chunk=chunk, device=device):
+                # The replica is brought up to date on its own worker (on its stream).
+                replica = part if worker == master_worker else replicas.on(worker, device, step)
                 features, _ = replica.features(states, encoder_states, padding_mask[rows].to(device))
                 return shard_loss(features, replica.output_weight, replica.output_bias,
                                   target[rows, chunk].to(device))
 
             inputs = [(decoder_chunks[c], 2 + k), (encoder_pieces, k)]
-            outputs.append(step.add(f"attention-softmax shard {k} chunk {c}", worker, inputs, run_shard))
-    return _run(step, outputs, replicas, shard_workers)
+            work = Work("attention_softmax", (rows.stop - rows.start) * (chunk.stop - chunk.start),
+                        (decoder.hidden_size, encoder.output_size, part.output_weight.size(1),
+                         part.output_weight.size(0), src_tokens.size(1)))
+            outputs.append(step.add(f"attention-softmax shard {k} chunk {c}", worker, inputs, run_shard, work))
+    return BuiltStep(step, outputs, replicas, shard_workers)
 
 
 def data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
                        shard_loss) -> Tuple[Tensor, ...]:
     """Pure data parallelism inside one process: a whole-model replica per
     device, each on a contiguous batch shard."""
+    return _run(build_data_parallel_step(model, plan, net_input, target, shard_loss))
+
+
+def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
+                             shard_loss) -> BuiltStep:
     step = StepBuilder(model, plan)
     shards = batch_slices(target.size(0), plan.size)
     replicas = model.whole_model_replicas()
     outputs = []
     for worker, rows in enumerate(shards):
         device = plan.devices[worker]
-        replica = model if worker == 0 else replicas.on(worker, device)
 
-        def run_shard(replica=replica, rows=rows, device=device):
+        def run_shard(worker=worker, rows=rows, device=device):
+            replica = model if worker == 0 else replicas.on(worker, device, step)
             shard_input = {key: value[rows].to(device) for key, value in net_input.items() if torch.is_tensor(value)}
             rnn_out = replica.forward_rnn(**shard_input)
             part = replica.decoder.attention_softmax
             features, _ = part.features(*rnn_out)
             return shard_loss(features, part.output_weight, part.output_bias, target[rows].to(device))
 
-        outputs.append(step.add(f"whole-model shard {worker}", worker, [], run_shard))
-    return _run(step, outputs, replicas, list(range(len(shards))))
+        work = Work("whole_model", rows.stop - rows.start, (rows.start, rows.stop))
+        outputs.append(step.add(f"whole-model shard {worker}", worker, [], run_shard, work))
+    return BuiltStep(step, outputs, replicas, list(range(len(shards))))
 
 
-def _run(step: StepBuilder, shard_cells: List[int], replicas: Replicas, workers: List[int]) -> Tuple[Tensor, ...]:
+def _run(built: BuiltStep) -> Tuple[Tensor, ...]:
     """Run the cells; return the shards' results added on the first shard's
     device.  After the backward pass the replicas' gradients go to the
     master parameters."""
-    results = run_cells(step.cells, worker_group(step.devices), shard_cells,
+    step, replicas, workers = built.step, built.replicas, built.replica_workers
+    results = run_cells(step.cells, worker_group(step.devices), built.results,
                         after_backward=lambda: replicas.reduce(workers))
     return sum_on(results, results[0][0].device)

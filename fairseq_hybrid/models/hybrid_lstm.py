@@ -33,7 +33,7 @@ from fairseq.models import (
 )
 from torch import Tensor
 
-from ..parallel.device_plan import MODES, DevicePlan, DevicePlanError, build_plan, plan_table
+from ..parallel.device_plan import MODES, DevicePlan, DevicePlanError, build_plan, parse_devices, plan_table
 from ..parallel.replicas import Replicas
 from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
 from .hybrid_cells import data_parallel_step, hybrid_step
@@ -79,7 +79,8 @@ class HybridLSTMConfig(FairseqDataclass):
         default="",
         metadata={
             "help": "device index of every layer, 'encoder=0,1,0,1;decoder=0,1,0,1'; "
-            "empty: encoder and decoder layer l on device l mod K"
+            "empty: encoder and decoder layer l on device l mod K; auto: the placement with the "
+            "shortest simulated step (a cost model of floating-point operations)"
         },
     )
     hybrid_chunk_length: int = field(
@@ -233,8 +234,11 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         decoder = HybridLSTMDecoder(task.target_dictionary, cfg, encoder.stack)
         model = cls(encoder, decoder)
         if cfg.hybrid_devices:
+            placement = cfg.hybrid_placement
+            if placement == "auto" and cfg.hybrid_mode != "data":
+                placement = model.auto_placement(cfg)
             plan = build_plan(
-                cfg.hybrid_devices, cfg.hybrid_placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers
+                cfg.hybrid_devices, placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers
             )
             if cfg.hybrid_chunk_length < 0:
                 raise DevicePlanError(f"--hybrid-chunk-length must be >= 0, got {cfg.hybrid_chunk_length}")
@@ -246,6 +250,23 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         return model
 
     # -- placement ---------------------------------------------------------
+
+    def auto_placement(self, cfg) -> str:
+        """``--hybrid-placement auto``: the placement whose replayed schedule
+        is shortest under a cost model of floating-point operations
+        (:mod:`.step_simulation`), for a nominal batch."""
+        from .step_simulation import NOMINAL_BATCH, best_placement
+
+        devices = parse_devices(cfg.hybrid_devices)
+        default = build_plan(cfg.hybrid_devices, "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+        placement, predicted = best_placement(self, cfg, devices)
+        logger.info(
+            "--hybrid-placement auto: %s (predicted step: %.0f%% of the default placement's, for a nominal "
+            "batch of %d sentences of %d source and %d target tokens)", placement,
+            100 * predicted.total / _default_time(self, cfg, default), *NOMINAL_BATCH,
+        )
+        return placement
+
 
     def place(self, plan: DevicePlan) -> None:
         """Move every layer to its device: embeddings with the bottom layer,
@@ -349,6 +370,15 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
                 self, make_copy=lambda model: type(model)(copy.deepcopy(model.encoder), copy.deepcopy(model.decoder))
             )
         return self._replicas["model"]
+
+
+def _default_time(model, cfg, plan) -> float:
+    from ..parallel.schedule_sim import CostModel
+    from .step_simulation import NOMINAL_BATCH, batch, step_time
+
+    sentences, source_length, target_length = NOMINAL_BATCH
+    net_input, target = batch(sentences, [source_length] * sentences, target_length)
+    return step_time(model, plan, net_input, target, CostModel(), cfg.hybrid_chunk_length).total
 
 
 def _set_defaults(cfg, **defaults):

@@ -35,6 +35,16 @@ from .wavefront import CellSpec, Ref, worker_orders
 from .worker import Aborted, WorkerGroup
 
 
+class Work(NamedTuple):
+    """What a cell computes, for cost models (the schedule simulator):
+    ``kind`` (embedding, lstm, gather, attention_softmax, whole_model),
+    ``tokens`` it runs over and the sizes that set the cost per token."""
+
+    kind: str
+    tokens: int
+    sizes: Tuple[int, ...] = ()
+
+
 class Cell(NamedTuple):
     """A piece of a step on one worker: ``run(*inputs) -> outputs``, where
     ``inputs`` are the outputs ``(cell, index)`` of earlier cells."""
@@ -43,6 +53,7 @@ class Cell(NamedTuple):
     worker: int
     inputs: Sequence[Ref]
     run: Callable[..., Sequence[Tensor]]
+    work: Optional[Work] = None
 
 
 class CellTime(NamedTuple):
@@ -53,6 +64,7 @@ class CellTime(NamedTuple):
     phase: str  # "forward" or "backward"
     start: float
     end: float
+    work: Optional["Work"] = None
 
 
 _traces: List[List[CellTime]] = []
@@ -72,7 +84,7 @@ def record_cell_times() -> Iterator[List[CellTime]]:
 
 def _note(cell: "Cell", phase: str, start: float) -> None:
     if _traces:
-        entry = CellTime(cell.name, cell.worker, phase, start, time.perf_counter())
+        entry = CellTime(cell.name, cell.worker, phase, start, time.perf_counter(), cell.work)
         for trace in _traces:
             trace.append(entry)
 

@@ -23,13 +23,18 @@ class Replicas:
         self.master = master
         self.make_copy = make_copy
         self.copies: Dict[int, nn.Module] = {}
+        self.refreshed: Dict[int, object] = {}
 
-    def on(self, worker: int, device: torch.device) -> nn.Module:
+    def on(self, worker: int, device: torch.device, step: object = None) -> nn.Module:
         """The replica for ``worker`` on ``device``, up to date with the
-        master's parameters and its train/eval mode."""
+        master's parameters and its train/eval mode (brought up to date once
+        per ``step`` when one is given)."""
         replica = self.copies.get(worker)
         if replica is None:
             replica = self.copies[worker] = self.make_copy(self.master)
+        elif step is not None and self.refreshed.get(worker) is step:
+            return replica
+        self.refreshed[worker] = step
         for master, param in zip(self.master.parameters(), replica.parameters()):
             if master.device == device:
                 if param.data_ptr() != master.data_ptr() or param.dtype != master.dtype or param.shape != master.shape:

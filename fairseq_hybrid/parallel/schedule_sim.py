@@ -1,0 +1,191 @@
+"""Replaying a step's cell schedule to predict its time on other machines.
+
+The hybrid engine runs a step as cells in a fixed order per device
+(:mod:`.wavefront`).  Given what each cell costs, replaying that order
+with the same dependencies gives the step's time without running it:
+
+* forward: every device runs its cells in clock order; a cell starts once
+  its device is free and every input has arrived (its producer finished,
+  plus the link's latency and transfer time when the producer is another
+  device);
+* backward: the reverse order, a cell waiting for the gradients of all
+  cells that read it;
+* plus the step's fixed cost outside the cells (optimizer, criterion glue)
+  and, for replicated parts, the copies of parameters and gradients.
+
+Costs come from a :class:`CostModel`: floating-point operations per cell
+(from the cell's :class:`~.cell_graph.Work`) divided by a rate per kind of
+cell and phase, plus a fixed cost per cell call; rates and fixed costs are
+fitted to cell times measured on this machine (``calibrate``) or given for
+a device we do not have.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .cell_graph import Cell, CellTime, Work
+from .wavefront import CellSpec, clocks
+
+PHASES = ("forward", "backward")
+BYTES_PER_VALUE = 4  # fp32 activations
+
+
+def flops(work: Work, phase: str) -> float:
+    """Floating-point operations of a cell (multiply-add = 2)."""
+    if work.kind == "lstm":
+        input_size, hidden = work.sizes[:2]
+        forward = 8.0 * hidden * (input_size + hidden) * work.tokens  # 4 gates
+        return forward if phase == "forward" else 2.0 * forward
+    if work.kind == "attention_softmax":
+        hidden, context, out_dim, vocab, source_length = work.sizes
+        attention = 2.0 * hidden * context + 4.0 * source_length * context + 2.0 * (context + hidden) * out_dim
+        if phase == "forward":
+            # the fused output loss computes logits and both of their
+            # gradients in the forward pass: three V x D products
+            return work.tokens * (attention + 6.0 * out_dim * vocab + 10.0 * vocab)
+        return work.tokens * 2.0 * attention
+    if work.kind in ("embedding", "gather"):
+        return float(work.tokens * work.sizes[0])
+    raise ValueError(f"no cost formula for cells of kind {work.kind!r}")
+
+
+def input_bytes(work: Work) -> float:
+    """Bytes a cell reads from other cells (what crosses a link)."""
+    if work.kind == "lstm":
+        return BYTES_PER_VALUE * work.tokens * work.sizes[0]
+    if work.kind == "attention_softmax":  # decoder states and (about) the shard's encoder states
+        hidden, context = work.sizes[:2]
+        return BYTES_PER_VALUE * work.tokens * (hidden + context)
+    return BYTES_PER_VALUE * work.tokens * (work.sizes[0] if work.sizes else 1)
+
+
+@dataclass
+class CostModel:
+    """Seconds of a cell: ``flops / rate[kind/phase] + fixed[kind/phase]``."""
+
+    rates: Dict[str, float] = field(default_factory=dict)  # flop/s
+    fixed: Dict[str, float] = field(default_factory=dict)  # seconds per cell call
+    per_step: Dict[str, float] = field(default_factory=dict)  # seconds per time step of an LSTM cell (latency-bound GPUs)
+    step_overhead: float = 0.0  # seconds per step outside the cells
+    link_bandwidth: float = float("inf")  # bytes/s between two devices
+    link_latency: float = 0.0  # seconds per transfer between two devices
+    slowdown: float = 1.0  # per-cell time factor when all devices run at once (shared memory bandwidth)
+    default_rate: float = 1e10
+    note: str = ""
+
+    def seconds(self, work: Work, phase: str) -> float:
+        key = f"{work.kind}/{phase}"
+        seconds = flops(work, phase) / self.rates.get(key, self.default_rate) + self.fixed.get(key, 0.0)
+        if work.kind == "lstm" and key in self.per_step:
+            seconds += self.per_step[key] * work.sizes[2]
+        return seconds
+
+    def transfer(self, work: Work) -> float:
+        if self.link_bandwidth == float("inf"):
+            return self.link_latency
+        return self.link_latency + input_bytes(work) / self.link_bandwidth
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=2)
+
+    @classmethod
+    def load(cls, path: str) -> "CostModel":
+        with open(path) as f:
+            return cls(**json.load(f))
+
+
+def fit(samples: Sequence[Tuple[Work, str, float]], step_overhead: float = 0.0) -> CostModel:
+    """Least squares per kind and phase: ``seconds = flops / rate +
+    per_step * time steps (LSTM cells) + fixed``.  Terms that come out
+    negative are dropped and the rest refitted."""
+    import numpy as np
+
+    groups: Dict[str, List[Tuple[Work, str, float]]] = {}
+    for sample in samples:
+        groups.setdefault(f"{sample[0].kind}/{sample[1]}", []).append(sample)
+    model = CostModel(step_overhead=step_overhead)
+    for key, points in groups.items():
+        columns = {"flops": [flops(work, phase) for work, phase, _ in points], "fixed": [1.0] * len(points)}
+        if points[0][0].kind == "lstm":
+            columns["steps"] = [float(work.sizes[2]) for work, _, _ in points]
+        y = np.array([seconds for _, _, seconds in points])
+        names = list(columns)
+        while True:
+            x = np.array([columns[name] for name in names]).T
+            coefficients = np.linalg.lstsq(x, y, rcond=None)[0]
+            negative = [name for name, value in zip(names, coefficients) if value < 0]
+            if not negative or len(names) == 1:
+                break
+            names.remove(negative[0])
+        values = dict(zip(names, np.clip(coefficients, 0, None)))
+        model.rates[key] = 1.0 / values["flops"] if values.get("flops", 0) > 0 else float("inf")
+        model.fixed[key] = float(values.get("fixed", 0.0))
+        if "steps" in values:
+            model.per_step[key] = float(values["steps"])
+    return model
+
+
+def samples_from_trace(trace: Sequence[CellTime]) -> List[Tuple[Work, str, float]]:
+    """``(work, phase, seconds)`` of every recorded cell that has its work."""
+    return [(entry.work, entry.phase, entry.end - entry.start) for entry in trace if entry.work is not None]
+
+
+@dataclass
+class StepTime:
+    forward: float
+    backward: float
+    extra: float  # outside the cells: step overhead, replica copies
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.extra
+
+
+def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device: Optional[Sequence[int]] = None,
+           cell_seconds=None) -> Tuple[float, float]:
+    """Forward and backward makespans of ``cells`` on ``num_workers``
+    devices.  ``same_device[w]``: an id per worker; workers with the same
+    id share a device (no link).  ``cell_seconds(cell, phase)`` overrides
+    the cost model (used for whole-model cells)."""
+    same_device = list(same_device) if same_device is not None else list(range(num_workers))
+    seconds = cell_seconds or (lambda cell, phase: cost.seconds(cell.work, phase))
+    factor = cost.slowdown if num_workers > 1 else 1.0
+    cell_clocks = clocks([CellSpec(cell.worker, cell.inputs) for cell in cells])
+    order = sorted(range(len(cells)), key=lambda i: (cell_clocks[i], i))
+
+    def crosses(a: Cell, b: Cell) -> bool:
+        return same_device[a.worker] != same_device[b.worker]
+
+    free = [0.0] * num_workers
+    finish = [0.0] * len(cells)
+    for i in order:
+        cell = cells[i]
+        ready = 0.0
+        for producer, _ in cell.inputs:
+            arrival = finish[producer] + (cost.transfer(cell.work) if crosses(cells[producer], cell) else 0.0)
+            ready = max(ready, arrival)
+        finish[i] = max(ready, free[cell.worker]) + factor * seconds(cell, "forward")
+        free[cell.worker] = finish[i]
+    forward = max(finish, default=0.0)
+
+    consumers: List[List[int]] = [[] for _ in cells]
+    for i, cell in enumerate(cells):
+        for producer, _ in cell.inputs:
+            if i not in consumers[producer]:
+                consumers[producer].append(i)
+    free = [0.0] * num_workers
+    done = [0.0] * len(cells)
+    for i in reversed(order):
+        cell = cells[i]
+        ready = 0.0
+        for consumer in consumers[i]:
+            arrival = done[consumer] + (cost.transfer(cell.work) if crosses(cells[consumer], cell) else 0.0)
+            ready = max(ready, arrival)
+        done[i] = max(ready, free[cell.worker]) + factor * seconds(cell, "backward")
+        free[cell.worker] = done[i]
+    backward = max(done, default=0.0)
+    return forward, backward

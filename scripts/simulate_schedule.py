@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Predict the speed-up of hybrid, pure model-parallel and pure
+data-parallel training for K devices by replaying the engine's schedule.
+
+1. Calibrate on this machine: train ``hybrid_lstm_base`` on one CPU device
+   (one thread) through the engine on Tatoeba batches, record every cell's
+   time and fit a cost model (rate and fixed cost per kind of cell and
+   phase, step overhead outside the cells).
+2. Validate: predict the K = 2 CPU speed-ups on the same batches as
+   ``scripts/bench_hybrid_cpu.py`` and set them beside its measurements
+   (``--measured``), using the machine's measured contention (its ceiling).
+3. Predict K = 1, 2, 4, 8 on this machine's cost model, and the paper's
+   setting (4 GPUs, ``hybrid_lstm_paper``) under stated GPU assumptions.
+
+  python scripts/simulate_schedule.py work/tatoeba_ja_en/bin --measured bench.json --json simulation.json
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_hybrid_cpu import model_args, train_steps  # noqa: E402
+from bench_lstm_vs_hybrid import batches, build  # noqa: E402
+
+from fairseq_hybrid.models.step_simulation import batch, best_placement, step_time, twin_model  # noqa: E402
+from fairseq_hybrid.parallel.cell_graph import record_cell_times  # noqa: E402
+from fairseq_hybrid.parallel.device_plan import build_plan  # noqa: E402
+from fairseq_hybrid.parallel.schedule_sim import CostModel, fit, samples_from_trace  # noqa: E402
+
+MODES = ("hybrid", "model", "data")
+
+
+def calibrate(data, samples, arch, chunk_lengths=(0, 4)):
+    """Fit a cost model to one CPU device running the engine, one thread,
+    on the batches whole and cut into short time chunks (cells of many
+    sizes, so rates, per-step and fixed costs can be told apart)."""
+    torch.set_num_threads(1)
+    task, model, criterion = build(data, model_args(arch, "cpu"))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train_steps(model, criterion, optimizer, samples[:2])
+    measured, overhead = [], None
+    for chunk_length in chunk_lengths:
+        model.chunk_length = chunk_length
+        start = time.perf_counter()
+        with record_cell_times() as trace:
+            train_steps(model, criterion, optimizer, samples[2:])
+        wall = time.perf_counter() - start
+        measured += samples_from_trace(trace)
+        if overhead is None:
+            overhead = (wall - sum(entry.end - entry.start for entry in trace)) / (len(samples) - 2)
+    cost = fit(measured, step_overhead=overhead)
+    cost.note = (f"fitted to {len(measured)} cell times of {arch} on one CPU device, one thread, "
+                 f"time chunks {', '.join(map(str, chunk_lengths))} (0: whole sequences)")
+    return cost, model
+
+
+def validation_mode(name):
+    """The mode of a measured K-device system of the benchmarks, or None."""
+    if name.startswith("hybrid on"):
+        return "hybrid"
+    if name.startswith("pure model parallel"):
+        return "model"
+    if name.startswith("pure data parallel"):
+        return "data"
+    return None
+
+
+def net_input_of(sample):
+    net_input = {key: sample["net_input"][key] for key in ("src_tokens", "src_lengths", "prev_output_tokens")}
+    return net_input, sample["target"]
+
+
+def predicted_seconds(model, cfg, k, mode, placement, cost, samples, chunk_length=0):
+    layers = (cfg.encoder_layers, cfg.decoder_layers)
+    plan = build_plan(",".join(["cpu"] * k), placement if mode != "data" else "", mode, *layers)
+    return sum(step_time(model, plan, *net_input_of(sample), cost, chunk_length).total for sample in samples)
+
+
+def shaped_samples(sentences, source_length, target_length, count):
+    out = []
+    for _ in range(count):
+        net_input, target = batch(sentences, [source_length] * sentences, target_length)
+        out.append({"net_input": net_input, "target": target})
+    return out
+
+
+def speedups(model, cfg, cost, samples, devices, placement=""):
+    """Predicted speed-up over K = 1 for every mode and K (None where the
+    plan is impossible: more devices than layers)."""
+    base = predicted_seconds(model, cfg, 1, "hybrid", "", cost, samples)
+    table = {}
+    for mode in MODES:
+        for k in devices:
+            try:
+                seconds = predicted_seconds(model, cfg, k, mode, placement if k > 1 else "", cost, samples)
+            except ValueError as error:
+                table[f"{mode} K={k}"] = {"speedup": None, "why": str(error)}
+                continue
+            table[f"{mode} K={k}"] = {"speedup": base / seconds, "seconds_per_step": seconds / len(samples)}
+    return table
+
+
+def gpu_cost(args):
+    rate = args.gpu_tflops * 1e12 * args.gpu_efficiency
+    kinds = ("lstm", "attention_softmax", "embedding", "gather")
+    return CostModel(
+        rates={f"{kind}/{phase}": rate for kind in kinds for phase in ("forward", "backward")},
+        fixed={f"{kind}/{phase}": args.gpu_call_us * 1e-6 for kind in kinds for phase in ("forward", "backward")},
+        per_step={"lstm/forward": args.gpu_step_us * 1e-6, "lstm/backward": 2 * args.gpu_step_us * 1e-6},
+        step_overhead=args.gpu_step_overhead_ms * 1e-3,
+        link_bandwidth=args.link_gbps * 1e9, link_latency=args.link_latency_us * 1e-6,
+        note=(f"assumed GPU: {args.gpu_tflops} TFLOP/s fp32 at {args.gpu_efficiency:.0%} efficiency, "
+              f"{args.gpu_call_us} us per cell call, {args.gpu_step_us} us per LSTM time step (forward; twice "
+              f"in backward), {args.gpu_step_overhead_ms} ms per step outside the cells; link "
+              f"{args.link_gbps} GB/s, {args.link_latency_us} us per transfer"),
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", help="fairseq-preprocess output (ja-en), as for bench_hybrid_cpu.py")
+    parser.add_argument("--arch", default="hybrid_lstm_base")
+    parser.add_argument("--max-tokens", type=int, default=2000)
+    parser.add_argument("--batches", type=int, default=10, help="as bench_hybrid_cpu.py --batches")
+    parser.add_argument("--measured", help="bench_hybrid_cpu.py --json output to validate against")
+    parser.add_argument("--placement", default="", help="as bench_hybrid_cpu.py --placement")
+    parser.add_argument("--devices", default="1,2,4,8")
+    parser.add_argument("--paper-batch", default="128,50,50", help="sentences,source,target tokens (assumed)")
+    parser.add_argument("--paper-vocab", type=int, default=32000, help="assumed vocabulary of the paper's setting")
+    parser.add_argument("--gpu-tflops", type=float, default=9.3, help="fp32 peak of the assumed GPU (P100: 9.3)")
+    parser.add_argument("--gpu-efficiency", type=float, default=0.5)
+    parser.add_argument("--gpu-call-us", type=float, default=30.0, help="fixed cost of a cell call")
+    parser.add_argument("--gpu-step-us", type=float, default=20.0, help="latency of one LSTM time step")
+    parser.add_argument("--gpu-step-overhead-ms", type=float, default=5.0)
+    parser.add_argument("--link-gbps", type=float, default=12.0, help="device-to-device bytes/s / 1e9 (PCIe 3 x16)")
+    parser.add_argument("--link-latency-us", type=float, default=10.0)
+    parser.add_argument("--json", help="write the result here")
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)
+
+    task, _, _ = build(args.data, model_args(args.arch))
+    samples = batches(task, args.max_tokens, args.batches + 2)
+    cost, model = calibrate(args.data, samples, args.arch)
+    timed = samples[2:]
+    result = {"cost_model": cost.__dict__, "validation": {}, "this_machine": {}, "paper_setting": {}}
+
+    measured = json.load(open(args.measured)) if args.measured else None
+    if measured:
+        systems = measured["systems"]
+        k = measured["devices"]
+        ceiling = next(row["speedup"] for name, row in systems.items() if name.endswith("(ceiling)"))
+        cost.slowdown = k / ceiling  # what running K at once costs each of them on this machine
+        twin, cfg = twin_model(args.arch, len(task.target_dictionary))
+        base = predicted_seconds(twin, cfg, 1, "hybrid", "", cost, timed)
+        print(f"Validation on this machine (K = {k} CPU devices, slowdown per device when all run: {cost.slowdown:.3f})")
+        print("| system | predicted speed-up | measured speed-up | error |\n| --- | ---: | ---: | ---: |")
+        for name, row in systems.items():
+            mode = validation_mode(name)
+            if mode is None:
+                continue
+            placement = name.split("placement ", 1)[1] if "placement " in name else ""
+            if placement == "auto":
+                placement = best_placement(twin, cfg, [torch.device("cpu")] * k)[0]
+            predicted = base / predicted_seconds(twin, cfg, k, mode, placement, cost, timed)
+            error = predicted / row["speedup"] - 1
+            result["validation"][name] = {"predicted": predicted, "measured": row["speedup"], "error": error}
+            print(f"| {name} | {predicted:.2f}x | {row['speedup']:.2f}x | {error:+.0%} |")
+
+    devices = [int(x) for x in args.devices.split(",")]
+    twin, cfg = twin_model(args.arch, len(task.target_dictionary))
+    result["this_machine"] = speedups(twin, cfg, cost, timed, devices)
+    print(f"\nPredicted on this machine's cost model ({args.arch}, Tatoeba batches; hybrid and model need K <= layers)")
+    for name, row in result["this_machine"].items():
+        print(f"  {name}: " + (f"{row['speedup']:.2f}x" if row["speedup"] else "n/a"))
+
+    sentences, source, target = (int(x) for x in args.paper_batch.split(","))
+    paper, paper_cfg = twin_model("hybrid_lstm_paper", args.paper_vocab)
+    gpu = gpu_cost(args)
+    paper_samples = shaped_samples(sentences, source, target, 1)
+    result["paper_setting"] = {
+        "assumptions": gpu.note + f"; batch {sentences} sentences of {source} source and {target} target tokens; "
+                       f"vocabulary {args.paper_vocab}; default placement",
+        "predicted": speedups(paper, paper_cfg, gpu, paper_samples, [1, 2, 4]),
+        "paper": "4.13x to 4.20x (hybrid, 4 GPUs vs 1)",
+    }
+    print(f"\nPaper setting (hybrid_lstm_paper, 4 GPUs) under assumptions: {result['paper_setting']['assumptions']}")
+    for name, row in result["paper_setting"]["predicted"].items():
+        print(f"  {name}: " + (f"{row['speedup']:.2f}x" if row["speedup"] else "n/a"))
+    print("  the paper: 4.13x to 4.20x (hybrid, 4 GPUs vs 1)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()
