@@ -8,8 +8,9 @@ fairseq_hybrid``) registers with fairseq:
 * the ``hybrid_cross_entropy`` criterion,
 
 allowlists the classes that fairseq checkpoints pickle, so that
-``torch.load``'s safe ``weights_only`` mode can stay on, and lets a
-checkpoint from a hybrid group load where its devices are missing.
+``torch.load``'s safe ``weights_only`` mode can stay on, lets a
+checkpoint from a hybrid group load where its devices are missing, and
+makes fairseq's copies of a checkpoint (to ``checkpoint_last.pt``) atomic.
 """
 
 __version__ = "0.1.0"
@@ -21,5 +22,9 @@ checkpoint_safety.install()
 from . import checkpoint_portability  # noqa: E402
 
 checkpoint_portability.install()
+
+from . import atomic_checkpoint_copy  # noqa: E402
+
+atomic_checkpoint_copy.install()
 
 from . import criterions, models  # noqa: E402,F401

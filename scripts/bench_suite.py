@@ -8,7 +8,8 @@ Systems (``hybrid_lstm_base`` size: 2+2 layers of 256, Tatoeba batches of
 
 * fairseq's built-in ``lstm`` (input feeding, all-bidirectional encoder),
   1 thread and 2 threads;
-* ``hybrid_lstm_base`` on 1 device (1 thread);
+* ``hybrid_lstm_base`` on 1 device (1 thread, and K intra-op threads: the
+  other way to use K cores);
 * on K devices (one thread each): hybrid (default placement and
   ``--hybrid-placement auto``), pure model parallel, pure data parallel
   inside one process;
@@ -43,6 +44,7 @@ def system_names(k):
         "fairseq lstm, 1 thread",
         "fairseq lstm, 2 threads",
         "hybrid_lstm_base, 1 device",
+        f"hybrid_lstm_base, 1 device, {k} threads",
         f"hybrid on {k} devices",
         f"hybrid on {k} devices, placement auto",
         f"pure model parallel on {k} devices",
@@ -174,7 +176,12 @@ def run_one(args):
         memory = {f"process {row[0]} (peak RSS)": row[3]["process (peak RSS)"] for row in rows}
         return {"tokens": tokens, "seconds": seconds, "memory_mib": memory}
 
-    threads = 2 if name == "fairseq lstm, 2 threads" else (k if name.startswith(("hybrid on", "pure")) else 1)
+    if name == "fairseq lstm, 2 threads":
+        threads = 2
+    elif name.startswith(("hybrid on", "pure")) or name.endswith(f"1 device, {k} threads"):
+        threads = k
+    else:
+        threads = 1
     torch.set_num_threads(threads)
     copies = k if name.endswith("(ceiling)") else 1
     systems = [build_system(args.data, name, k, device) for _ in range(copies)]

@@ -57,3 +57,29 @@ def test_allowlist_holds_no_code_running_callables():
     allowed = allowed_globals()
     for dangerous in (builtins.eval, builtins.exec, builtins.getattr, builtins.__import__, os.system, subprocess.Popen):
         assert dangerous not in allowed
+
+
+def test_fairseq_copies_checkpoints_atomically(tmp_path, monkeypatch):
+    """A copy that dies half-way leaves the old checkpoint_last.pt whole."""
+    import shutil
+
+    from fairseq import checkpoint_utils
+
+    source, last = tmp_path / "checkpoint_1_8.pt", tmp_path / "checkpoint_last.pt"
+    source.write_bytes(b"new" * 1000)
+    last.write_bytes(b"old checkpoint")
+
+    def dies_half_way(src, dst, *args, **kwargs):
+        with open(dst, "wb") as f:
+            f.write(b"ne")
+        raise KeyboardInterrupt("killed during the copy")
+
+    monkeypatch.setattr(shutil, "copyfile", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint_utils.PathManager.copy(str(source), str(last), overwrite=True)
+    assert last.read_bytes() == b"old checkpoint"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1_8.pt", "checkpoint_last.pt"]
+    monkeypatch.undo()
+    assert checkpoint_utils.PathManager.copy(str(source), str(last), overwrite=True)
+    assert last.read_bytes() == b"new" * 1000
+    assert not checkpoint_utils.PathManager.copy(str(source), str(last))  # no overwrite asked

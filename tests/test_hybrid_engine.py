@@ -109,6 +109,13 @@ def test_seeded_dropout():
     assert torch.equal(first, second)
     assert 300 < int(first.eq(0).sum()) < 700 and set(first.unique().tolist()) == {0.0, 2.0}
     assert torch.equal(dropout.eval()(x), x)
+    # cells seeded with neighbouring seeds draw independent masks: two
+    # independent Bernoulli(0.9) masks agree on 0.9^2 + 0.1^2 = 82% of entries
+    masks = []
+    for seed in (11, 12):
+        with cell_generator(seed, torch.device("cpu")):
+            masks.append(SeededDropout(0.1).train()(torch.ones(200_000)).eq(0))
+    assert abs(masks[0].eq(masks[1]).float().mean().item() - 0.82) < 0.005
 
 
 def test_replicas_share_cpu_storage_and_reduce_in_order():

@@ -261,7 +261,7 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         default = build_plan(cfg.hybrid_devices, "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
         placement, predicted = best_placement(self, cfg, devices)
         logger.info(
-            "--hybrid-placement auto: %s (predicted step: %.0f%% of the default placement's, for a nominal "
+            "--hybrid-placement auto: %s (predicted step: %.1f%% of the default placement's, for a nominal "
             "batch of %d sentences of %d source and %d target tokens)", placement,
             100 * predicted.total / _default_time(self, cfg, default), *NOMINAL_BATCH,
         )
