@@ -35,6 +35,7 @@ from ..parallel.batch_shards import batch_slices, sum_on
 from ..parallel.cell_graph import Cell, Work, run_cells
 from ..parallel.device_plan import DevicePlan
 from ..parallel.replicas import Replicas
+from ..parallel.seeded_dropout import given_masks
 from ..parallel.wavefront import Ref
 from ..parallel.worker import worker_group
 
@@ -65,6 +66,63 @@ class StepBuilder:
             work: Optional[Work] = None) -> int:
         self.cells.append(Cell(name, worker, list(inputs), run, work))
         return len(self.cells) - 1
+
+
+class SingleDeviceMasks(NamedTuple):
+    """The dropout masks the single-device model draws for a batch, in its
+    order: source embedding, each encoder layer, target embedding, each
+    decoder layer, attentional features (batch order, full length)."""
+
+    source: Tensor
+    encoder: List[Tensor]
+    target: Tensor
+    decoder: List[Tensor]
+    features: Tensor
+
+    def in_order(self, rows=slice(None)) -> List[Tensor]:
+        return [self.source[rows], *(m[rows] for m in self.encoder), self.target[rows],
+                *(m[rows] for m in self.decoder), self.features[rows]]
+
+
+def draw_single_device_masks(model, source_width: int, target_width: int, batch: int) -> Optional[SingleDeviceMasks]:
+    """Draw, from torch's global generator and in the single-device model's
+    order and memory layouts, exactly the masks its dropout calls would draw
+    (``F.dropout`` on CPU: ``empty_like(x).bernoulli_(1 - p).div_(1 - p)``);
+    None when dropout is off.  Without residual connections: with them the
+    layouts of the decoder's sums are torch's choice, and the masks are
+    still correct dropout masks but not the single-device ones."""
+    encoder, decoder = model.encoder.stack, model.decoder.stack
+    p = encoder.dropout.p
+    if not model.training or p == 0.0 or not torch.is_grad_enabled():
+        return None
+    keep = 1.0 - p
+    weight = encoder.embed_tokens.weight
+
+    def draw(width, size, time_major=False):
+        # bernoulli_ fills in memory order, and a batch-first nn.LSTM without
+        # packing returns a time-major tensor seen batch first: draw as it does
+        shape = (width, batch, size) if time_major else (batch, width, size)
+        mask = torch.empty(shape, dtype=weight.dtype, device=weight.device).bernoulli_(keep).div_(keep)
+        return mask.transpose(0, 1) if time_major else mask
+
+    source = draw(source_width, encoder.embed_tokens.embedding_dim)
+    encoder_masks = [draw(source_width, size) for _, size, _ in encoder.sizes]
+    target = draw(target_width, decoder.embed_tokens.embedding_dim)
+    decoder_masks = [draw(target_width, decoder.hidden_size, time_major=True) for _ in decoder.layers]
+    features = draw(target_width, model.decoder.attention_softmax.output_weight.size(1))
+    return SingleDeviceMasks(source, encoder_masks, target, decoder_masks, features)
+
+
+def _masked(masks: Optional[List[Tensor]], run: Callable[..., Sequence[Tensor]]) -> Callable[..., Sequence[Tensor]]:
+    """``run`` with its dropout calls taking ``masks`` (None: draw as usual)."""
+    if masks is None:
+        return run
+
+    def with_masks(*args):
+        with given_masks(masks):
+            return run(*args)
+
+    return with_masks
 
 
 def _join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
@@ -100,6 +158,13 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     target_chunks = time_chunks(prev_output_tokens.size(1), chunk_length, plan.size)
     shards = batch_slices(target.size(0), len(plan.shard_workers))
     shard_workers = plan.shard_workers[: len(shards)]
+    masks = None
+    if getattr(model, "dropout_masks", "per-cell") == "single-device":
+        masks = draw_single_device_masks(model, src_tokens.size(1), prev_output_tokens.size(1), target.size(0))
+
+    def pick(select):
+        """The mask a cell's one dropout call takes, or None (draw its own)."""
+        return None if masks is None else [select(masks)]
 
     # -- encoder -------------------------------------------------------------
     def embed_source():
@@ -107,7 +172,8 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
         return x.split([chunk.stop - chunk.start for chunk in source_chunks], dim=1)
 
     source_tokens = int(sorted_lengths.sum())
-    embedding = step.add("source embedding", plan.encoder[0], [], embed_source,
+    embedding = step.add("source embedding", plan.encoder[0], [],
+                         _masked(pick(lambda m: m.source[order]), embed_source),
                          Work("embedding", source_tokens, (encoder.embed_tokens.embedding_dim,)))
     below: LayerOutput = [[(embedding, c)] for c in range(len(source_chunks))]
     final_states: List[Tuple[List[Ref], List[Ref]]] = []
@@ -129,8 +195,10 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
                 direction_worker = plan.partner(worker) if reverse else worker
                 name = f"encoder layer {layer} {'reverse' if reverse else 'forward'}"
                 work = Work("lstm", source_tokens, (module.input_size, module.hidden_size, src_tokens.size(1)))
+                half = slice(module.hidden_size, None) if reverse else slice(0, module.hidden_size)
+                mask = pick(lambda m, layer=layer, half=half: m.encoder[layer][order][..., half])
                 halves.append(step.add(name, direction_worker, [ref for chunk in below for ref in chunk],
-                                       run_direction, work))
+                                       _masked(mask, run_direction), work))
             below = [[(half, c) for half in halves] for c in range(count)]
             final_states.append(([(half, count) for half in halves], [(half, count + 1) for half in halves]))
         else:
@@ -145,8 +213,9 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
                 state_refs = [] if previous is None else [(previous, 1), (previous, 2)]
                 tokens = int((sorted_lengths - chunk.start).clamp(min=0, max=chunk.stop - chunk.start).sum())
                 work = Work("lstm", tokens, (module.input_size, module.hidden_size, chunk.stop - chunk.start))
-                previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs, run_chunk,
-                                    work)
+                mask = pick(lambda m, layer=layer, chunk=chunk: m.encoder[layer][order][:, chunk])
+                previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs,
+                                    _masked(mask, run_chunk), work)
                 chunk_cells.append(previous)
             below = [[(cell, 0)] for cell in chunk_cells]
             final_states.append(([(previous, 1)], [(previous, 2)]))
@@ -166,7 +235,7 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
         return y.split([chunk.stop - chunk.start for chunk in target_chunks], dim=1)
 
     batch = prev_output_tokens.size(0)
-    embedding = step.add("target embedding", plan.decoder[0], [], embed_target,
+    embedding = step.add("target embedding", plan.decoder[0], [], _masked(pick(lambda m: m.target), embed_target),
                          Work("embedding", prev_output_tokens.numel(), (decoder.embed_tokens.embedding_dim,)))
     below = [[(embedding, c)] for c in range(len(target_chunks))]
     top_layer = len(decoder.layers) - 1
@@ -200,7 +269,9 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
             module = decoder.layers[layer]
             steps = target_chunks[c].stop - target_chunks[c].start
             work = Work("lstm", batch * steps, (module.input_size, module.hidden_size, steps))
-            previous = step.add(f"decoder layer {layer} chunk {c}", worker, below[c] + state_refs, run_chunk, work)
+            mask = pick(lambda m, layer=layer, chunk=target_chunks[c]: m.decoder[layer][:, chunk])
+            previous = step.add(f"decoder layer {layer} chunk {c}", worker, below[c] + state_refs,
+                                _masked(mask, run_chunk), work)
             chunk_cells.append(previous)
         below = [[(cell, 2)] for cell in chunk_cells]
     decoder_chunks = chunk_cells
@@ -226,7 +297,9 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
             work = Work("attention_softmax", (rows.stop - rows.start) * (chunk.stop - chunk.start),
                         (decoder.hidden_size, encoder.output_size, part.output_weight.size(1),
                          part.output_weight.size(0), src_tokens.size(1)))
-            outputs.append(step.add(f"attention-softmax shard {k} chunk {c}", worker, inputs, run_shard, work))
+            mask = pick(lambda m, rows=rows, chunk=chunk: m.features[rows, chunk])
+            outputs.append(step.add(f"attention-softmax shard {k} chunk {c}", worker, inputs,
+                                    _masked(mask, run_shard), work))
     return BuiltStep(step, outputs, replicas, shard_workers)
 
 
@@ -242,6 +315,10 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
     step = StepBuilder(model, plan)
     shards = batch_slices(target.size(0), plan.size)
     replicas = model.whole_model_replicas()
+    masks = None
+    if getattr(model, "dropout_masks", "per-cell") == "single-device":
+        masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
+                                         net_input["prev_output_tokens"].size(1), target.size(0))
     outputs = []
     for worker, rows in enumerate(shards):
         device = plan.devices[worker]
@@ -255,7 +332,8 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
             return shard_loss(features, part.output_weight, part.output_bias, target[rows].to(device))
 
         work = Work("whole_model", rows.stop - rows.start, (rows.start, rows.stop))
-        outputs.append(step.add(f"whole-model shard {worker}", worker, [], run_shard, work))
+        shard_masks = None if masks is None else masks.in_order(rows)
+        outputs.append(step.add(f"whole-model shard {worker}", worker, [], _masked(shard_masks, run_shard), work))
     return BuiltStep(step, outputs, replicas, list(range(len(shards))))
 
 

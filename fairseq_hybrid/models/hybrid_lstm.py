@@ -90,6 +90,14 @@ class HybridLSTMConfig(FairseqDataclass):
             "chunks as there are devices"
         },
     )
+    hybrid_dropout_masks: ChoiceEnum(["per-cell", "single-device"]) = field(
+        default="per-cell",
+        metadata={
+            "help": "per-cell: each cell draws its dropout masks from its own seeded generator, in parallel; "
+            "single-device: the group draws exactly the masks the single-device model would draw (from torch's "
+            "global generator, one after another) so it trains exactly like one device, dropout included"
+        },
+    )
     hybrid_mode: ChoiceEnum(MODES) = field(
         default="hybrid",
         metadata={
@@ -223,6 +231,7 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         super().__init__(encoder, decoder)
         self.plan: Optional[DevicePlan] = None
         self.chunk_length = 0
+        self.dropout_masks = "per-cell"
         # Replicas for batch shards on other devices (see parallel/replicas.py);
         # plain attributes, so they are neither parameters nor saved.
         self._replicas: Dict[str, Replicas] = {}
@@ -244,6 +253,7 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
                 raise DevicePlanError(f"--hybrid-chunk-length must be >= 0, got {cfg.hybrid_chunk_length}")
             model.place(plan)
             model.chunk_length = cfg.hybrid_chunk_length
+            model.dropout_masks = cfg.hybrid_dropout_masks
             logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, model.placement_table())
         elif cfg.hybrid_placement:
             raise ValueError("--hybrid-placement needs --hybrid-devices")

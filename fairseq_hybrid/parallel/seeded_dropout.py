@@ -7,13 +7,15 @@ gives every cell a generator seeded from (step seed, cell index) and runs
 the cell inside :func:`cell_generator`; :class:`SeededDropout` uses that
 generator when there is one (``nn.functional.dropout`` takes no generator)
 and is plain ``nn.Dropout`` everywhere else (single device, generation).
+With :func:`given_masks` it applies masks drawn elsewhere instead.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -39,8 +41,24 @@ def current_generator() -> Optional[torch.Generator]:
     return getattr(_local, "generator", None)
 
 
+@contextmanager
+def given_masks(masks: Sequence[Tensor]) -> Iterator[None]:
+    """Dropout calls in this thread take these (already scaled) masks, one
+    per call in order, instead of drawing: how a group reproduces the masks
+    of the single-device model (``--hybrid-dropout-masks single-device``)."""
+    previous = getattr(_local, "masks", None)
+    _local.masks = deque(masks)
+    try:
+        yield
+    finally:
+        _local.masks = previous
+
+
 class SeededDropout(nn.Dropout):
     def forward(self, x: Tensor) -> Tensor:
+        masks = getattr(_local, "masks", None)
+        if masks and self.training and self.p > 0.0:
+            return x * masks.popleft().to(x.device)  # as F.dropout: input * (noise / keep)
         generator = current_generator()
         if generator is None or not self.training or self.p == 0.0:
             return super().forward(x)
