@@ -35,7 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_lstm_vs_hybrid import USER_DIR, batches, build  # noqa: E402
+from bench_lstm_vs_hybrid import USER_DIR, batches, build, run_steps  # noqa: E402
 
 
 def model_args(arch, devices="", mode="hybrid", chunk_length=0, placement=""):
@@ -48,16 +48,9 @@ def model_args(arch, devices="", mode="hybrid", chunk_length=0, placement=""):
 
 
 def train_steps(model, criterion, optimizer, samples):
-    """Plain fairseq-style training steps; returns target tokens."""
-    model.train()
-    tokens = 0
-    for sample in samples:
-        optimizer.zero_grad(set_to_none=True)
-        loss, sample_size, _ = criterion(model, sample)
-        (loss / sample_size).backward()
-        optimizer.step()
-        tokens += sample["ntokens"]
-    return tokens
+    """Plain fairseq-style training steps (``run_steps`` of the one-device
+    benchmark); returns target tokens."""
+    return run_steps(model, criterion, optimizer, samples)[0]
 
 
 def timed(run, threads):
