@@ -143,35 +143,64 @@ def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: T
     return _run(build_hybrid_step(model, plan, net_input, target, shard_loss, chunk_length))
 
 
+class _Batch:
+    """What every cell builder of one hybrid step needs to know about the
+    batch: the length order of the encoder rows, the time chunks, the batch
+    shards of the attention-softmax part and the dropout masks to take."""
+
+    def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int):
+        encoder = model.encoder.stack
+        self.src_tokens = encoder.right_padded(net_input["src_tokens"])
+        src_lengths = net_input["src_lengths"].cpu()
+        self.prev_output_tokens = net_input["prev_output_tokens"]
+        self.target = target
+        self.order = torch.sort(src_lengths, descending=True, stable=True).indices
+        self.restore = torch.argsort(self.order)
+        self.sorted_lengths = src_lengths[self.order]
+        self.source_tokens = int(self.sorted_lengths.sum())
+        self.padding_mask = self.src_tokens.eq(encoder.padding_idx)
+        self.source_chunks = time_chunks(self.src_tokens.size(1), chunk_length, plan.size)
+        self.target_chunks = time_chunks(self.prev_output_tokens.size(1), chunk_length, plan.size)
+        self.shards = batch_slices(target.size(0), len(plan.shard_workers))
+        self.shard_workers = plan.shard_workers[: len(self.shards)]
+        self.masks = None
+        if getattr(model, "dropout_masks", "per-cell") == "single-device":
+            self.masks = draw_single_device_masks(model, self.src_tokens.size(1), self.prev_output_tokens.size(1),
+                                                  target.size(0))
+
+    def pick(self, select) -> Optional[List[Tensor]]:
+        """The mask a cell's one dropout call takes, or None (draw its own)."""
+        return None if self.masks is None else [select(self.masks)]
+
+    def source_sizes(self) -> List[int]:
+        return [chunk.stop - chunk.start for chunk in self.source_chunks]
+
+
 def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                       chunk_length: int) -> BuiltStep:
-    encoder, decoder = model.encoder.stack, model.decoder.stack
+    """The cells of one ``hybrid`` or ``model`` step, in the order that
+    fixes their dropout seeds: encoder, its top states, decoder, shards."""
     step = StepBuilder(model, plan)
-    src_tokens = encoder.right_padded(net_input["src_tokens"])
-    src_lengths = net_input["src_lengths"].cpu()
-    prev_output_tokens = net_input["prev_output_tokens"]
-    order = torch.sort(src_lengths, descending=True, stable=True).indices
-    restore = torch.argsort(order)
-    sorted_lengths = src_lengths[order]
-    padding_mask = src_tokens.eq(encoder.padding_idx)
-    source_chunks = time_chunks(src_tokens.size(1), chunk_length, plan.size)
-    target_chunks = time_chunks(prev_output_tokens.size(1), chunk_length, plan.size)
-    shards = batch_slices(target.size(0), len(plan.shard_workers))
-    shard_workers = plan.shard_workers[: len(shards)]
-    masks = None
-    if getattr(model, "dropout_masks", "per-cell") == "single-device":
-        masks = draw_single_device_masks(model, src_tokens.size(1), prev_output_tokens.size(1), target.size(0))
+    batch = _Batch(model, plan, net_input, target, chunk_length)
+    encoder_output, final_states = _add_encoder(step, batch)
+    encoder_pieces = _add_encoder_top(step, batch, encoder_output)
+    decoder_chunks = _add_decoder(step, batch, final_states)
+    outputs, replicas = _add_attention_softmax(step, batch, shard_loss, encoder_pieces, decoder_chunks)
+    return BuiltStep(step, outputs, replicas, batch.shard_workers)
 
-    def pick(select):
-        """The mask a cell's one dropout call takes, or None (draw its own)."""
-        return None if masks is None else [select(masks)]
 
-    # -- encoder -------------------------------------------------------------
+def _add_encoder(step: StepBuilder, batch: _Batch) -> Tuple[LayerOutput, List[Tuple[List[Ref], List[Ref]]]]:
+    """Source embedding and encoder layers (rows in length order); returns
+    the top layer's output and every layer's final ``(h, c)`` refs."""
+    encoder, plan = step.model.encoder.stack, step.plan
+    order, sorted_lengths, source_chunks = batch.order, batch.sorted_lengths, batch.source_chunks
+    pick = batch.pick
+
     def embed_source():
-        x = encoder.embed(src_tokens[order])
-        return x.split([chunk.stop - chunk.start for chunk in source_chunks], dim=1)
+        x = encoder.embed(batch.src_tokens[order])
+        return x.split(batch.source_sizes(), dim=1)
 
-    source_tokens = int(sorted_lengths.sum())
+    source_tokens = batch.source_tokens
     embedding = step.add("source embedding", plan.encoder[0], [],
                          _masked(pick(lambda m: m.source[order]), embed_source),
                          Work("embedding", source_tokens, (encoder.embed_tokens.embedding_dim,)))
@@ -190,11 +219,11 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
                         size = out.size(-1)
                         out = out + x[..., size:] if reverse else out + x[..., :size]
                     out = encoder.dropout(out)
-                    return (*out.split([chunk.stop - chunk.start for chunk in source_chunks], dim=1), h, c)
+                    return (*out.split(batch.source_sizes(), dim=1), h, c)
 
                 direction_worker = plan.partner(worker) if reverse else worker
                 name = f"encoder layer {layer} {'reverse' if reverse else 'forward'}"
-                work = Work("lstm", source_tokens, (module.input_size, module.hidden_size, src_tokens.size(1)))
+                work = Work("lstm", source_tokens, (module.input_size, module.hidden_size, batch.src_tokens.size(1)))
                 half = slice(module.hidden_size, None) if reverse else slice(0, module.hidden_size)
                 mask = pick(lambda m, layer=layer, half=half: m.encoder[layer][order][..., half])
                 halves.append(step.add(name, direction_worker, [ref for chunk in below for ref in chunk],
@@ -219,23 +248,39 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
                 chunk_cells.append(previous)
             below = [[(cell, 0)] for cell in chunk_cells]
             final_states.append(([(previous, 1)], [(previous, 2)]))
+    return below, final_states
+
+
+def _add_encoder_top(step: StepBuilder, batch: _Batch, below: LayerOutput) -> int:
+    """One cell that joins the top encoder layer's chunks, puts the rows
+    back in batch order and cuts them into the batch shards."""
+    encoder = step.model.encoder.stack
+    count = len(below)
 
     def encoder_top(*parts, width=len(below[0])):
         x = _join([_join(parts[c * width:(c + 1) * width]) for c in range(count)], chunked=True)
-        x = x[restore.to(x.device)]
-        return tuple(x[rows] for rows in shards)
+        x = x[batch.restore.to(x.device)]
+        return tuple(x[rows] for rows in batch.shards)
 
-    top_worker = plan.encoder[-1]
-    encoder_pieces = step.add("encoder top states", top_worker, [ref for chunk in below for ref in chunk],
-                              encoder_top, Work("gather", src_tokens.numel(), (encoder.output_size,)))
+    return step.add("encoder top states", step.plan.encoder[-1], [ref for chunk in below for ref in chunk],
+                    encoder_top, Work("gather", batch.src_tokens.numel(), (encoder.output_size,)))
 
-    # -- decoder ---------------------------------------------------------------
+
+def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
+    """Target embedding and decoder layers; chunk 0 of layer ``l`` starts
+    from encoder layer ``l``'s final state.  Returns the top layer's chunk
+    cells, whose outputs 2.. are the chunk's rows of each batch shard."""
+    decoder, plan = step.model.decoder.stack, step.plan
+    prev_output_tokens, target_chunks, restore, shards = (batch.prev_output_tokens, batch.target_chunks,
+                                                          batch.restore, batch.shards)
+
     def embed_target():
         y = decoder.embed(prev_output_tokens)
         return y.split([chunk.stop - chunk.start for chunk in target_chunks], dim=1)
 
-    batch = prev_output_tokens.size(0)
-    embedding = step.add("target embedding", plan.decoder[0], [], _masked(pick(lambda m: m.target), embed_target),
+    rows_in_batch = prev_output_tokens.size(0)
+    embedding = step.add("target embedding", plan.decoder[0], [],
+                         _masked(batch.pick(lambda m: m.target), embed_target),
                          Work("embedding", prev_output_tokens.numel(), (decoder.embed_tokens.embedding_dim,)))
     below = [[(embedding, c)] for c in range(len(target_chunks))]
     top_layer = len(decoder.layers) - 1
@@ -268,39 +313,44 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
 
             module = decoder.layers[layer]
             steps = target_chunks[c].stop - target_chunks[c].start
-            work = Work("lstm", batch * steps, (module.input_size, module.hidden_size, steps))
-            mask = pick(lambda m, layer=layer, chunk=target_chunks[c]: m.decoder[layer][:, chunk])
+            work = Work("lstm", rows_in_batch * steps, (module.input_size, module.hidden_size, steps))
+            mask = batch.pick(lambda m, layer=layer, chunk=target_chunks[c]: m.decoder[layer][:, chunk])
             previous = step.add(f"decoder layer {layer} chunk {c}", worker, below[c] + state_refs,
                                 _masked(mask, run_chunk), work)
             chunk_cells.append(previous)
         below = [[(cell, 2)] for cell in chunk_cells]
-    decoder_chunks = chunk_cells
+    return chunk_cells
 
-    # -- attention-softmax shards ---------------------------------------------------
-    # One cell per (batch shard, time chunk): the shard's device starts on a
-    # chunk as soon as the top decoder layer has produced it.
+
+def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder_pieces: int,
+                           decoder_chunks: List[int]) -> Tuple[List[int], Replicas]:
+    """One cell per (batch shard, time chunk): the shard's device starts on
+    a chunk as soon as the top decoder layer has produced it, with its own
+    replica of the attention-softmax parameters."""
+    model, plan = step.model, step.plan
+    encoder, decoder = model.encoder.stack, model.decoder.stack
     part = model.decoder.attention_softmax
     replicas = model.attention_softmax_replicas()
     master_worker = plan.decoder[0]
     outputs = []
-    for k, (rows, worker) in enumerate(zip(shards, shard_workers)):
+    for k, (rows, worker) in enumerate(zip(batch.shards, batch.shard_workers)):
         device = plan.devices[worker]
-        for c, chunk in enumerate(target_chunks):
+        for c, chunk in enumerate(batch.target_chunks):
             def run_shard(states, encoder_states, worker=worker, rows=rows, chunk=chunk, device=device):
                 # The replica is brought up to date on its own worker (on its stream).
                 replica = part if worker == master_worker else replicas.on(worker, device, step)
-                features, _ = replica.features(states, encoder_states, padding_mask[rows].to(device))
+                features, _ = replica.features(states, encoder_states, batch.padding_mask[rows].to(device))
                 return shard_loss(features, replica.output_weight, replica.output_bias,
-                                  target[rows, chunk].to(device))
+                                  batch.target[rows, chunk].to(device))
 
             inputs = [(decoder_chunks[c], 2 + k), (encoder_pieces, k)]
             work = Work("attention_softmax", (rows.stop - rows.start) * (chunk.stop - chunk.start),
                         (decoder.hidden_size, encoder.output_size, part.output_weight.size(1),
-                         part.output_weight.size(0), src_tokens.size(1)))
-            mask = pick(lambda m, rows=rows, chunk=chunk: m.features[rows, chunk])
+                         part.output_weight.size(0), batch.src_tokens.size(1)))
+            mask = batch.pick(lambda m, rows=rows, chunk=chunk: m.features[rows, chunk])
             outputs.append(step.add(f"attention-softmax shard {k} chunk {c}", worker, inputs,
                                     _masked(mask, run_shard), work))
-    return BuiltStep(step, outputs, replicas, shard_workers)
+    return outputs, replicas
 
 
 def data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
