@@ -82,14 +82,16 @@ def test_batch_smaller_than_the_group(dictionaries):
     torch.testing.assert_close(criterion(group, sample)[0], criterion(single, sample)[0], rtol=1e-5, atol=0)
 
 
-def test_dropout_with_a_fixed_seed_gives_identical_runs(dictionaries):
+@pytest.mark.parametrize("mode", MODES)
+def test_dropout_with_a_fixed_seed_gives_identical_runs(mode, dictionaries):
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
     sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
     runs = []
     for _ in range(2):
         torch.manual_seed(0)
-        model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, dropout=0.3, hybrid_devices="cpu,cpu")
+        model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, dropout=0.3, hybrid_devices="3",
+                            hybrid_mode=mode, hybrid_chunk_length=2)
         torch.manual_seed(5)
         runs.append(loss_and_grads(model.train(), criterion, sample))
     assert torch.equal(runs[0][0], runs[1][0])
