@@ -81,16 +81,25 @@ def batches(task, max_tokens, count):
     return [next(iterator) for _ in range(count)]
 
 
-def run_steps(model, criterion, optimizer, samples):
+def run_steps(model, criterion, optimizer, samples, device="cpu"):
+    """fairseq-style training steps; returns (target tokens, seconds).  On
+    ``device="cuda"`` samples move to the GPU and the time includes the
+    wait for the queued kernels."""
     model.train()
     tokens = 0
     start = time.perf_counter()
     for sample in samples:
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":
+            from fairseq import utils
+
+            sample = utils.move_to_cuda(sample)
         loss, sample_size, _ = criterion(model, sample)
         (loss / sample_size).backward()
         optimizer.step()
         tokens += sample["ntokens"]
+    if device == "cuda":
+        torch.cuda.synchronize()
     return tokens, time.perf_counter() - start
 
 

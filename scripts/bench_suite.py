@@ -27,6 +27,7 @@ all its devices), on CUDA ``max_memory_allocated`` per device.
 """
 
 import argparse
+import datetime
 import json
 import os
 import resource
@@ -81,28 +82,10 @@ def build_system(data, name, k, device):
     return task, model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-def to_device(sample, device):
-    if device != "cuda":
-        return sample
-    from fairseq import utils
-
-    return utils.move_to_cuda(sample)
-
-
 def train(model, criterion, optimizer, samples, device):
-    import torch
+    from bench_lstm_vs_hybrid import run_steps
 
-    model.train()
-    tokens = 0
-    for sample in samples:
-        optimizer.zero_grad(set_to_none=True)
-        loss, sample_size, _ = criterion(model, to_device(sample, device))
-        (loss / sample_size).backward()
-        optimizer.step()
-        tokens += sample["ntokens"]
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return tokens
+    return run_steps(model, criterion, optimizer, samples, device)[0]
 
 
 def peak_memory(device, k):
@@ -131,7 +114,10 @@ def gloo_process(rank, k, data, max_tokens, count, port, results):
             return self.criterion(self.model, sample)
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=k)
+    # A bounded wait: a rank that dies or falls out of step ends the run with
+    # an error instead of leaving the others blocked in a collective.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=k,
+                            timeout=datetime.timedelta(minutes=5))
     task, model, criterion, _ = build_system(data, "one device", 1, "cpu")
     step = torch.nn.parallel.DistributedDataParallel(LossOf(model, criterion))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -151,7 +137,8 @@ def gloo_process(rank, k, data, max_tokens, count, port, results):
     train_on(samples[rank:rank + 1])  # warm-up
     dist.barrier()
     start = time.perf_counter()
-    tokens = train_on(samples[2 + rank::k])
+    # every rank the same number of steps, or DDP's all-reduce waits forever
+    tokens = train_on(samples[2 + rank:2 + k * (count // k):k])
     dist.barrier()
     results.put((rank, tokens, time.perf_counter() - start, peak_memory("cpu", 1)))
     dist.destroy_process_group()
@@ -272,6 +259,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not os.path.isdir(args.data):
         parser.error(f"{args.data}: no such folder (run recipes/tatoeba_ja_en/run.sh --steps download,prepare,spm,binarize)")
+    if args.devices < 1 or args.batches < args.devices:
+        parser.error(f"--batches {args.batches} with --devices {args.devices}: "
+                     "every one of the K gloo processes needs at least one timed batch")
     if args.one:
         print("RESULT " + json.dumps(run_one(args)), flush=True)
         return 0

@@ -1,0 +1,36 @@
+"""The benchmark suite runs end to end on small settings and writes what the
+README shows (the timings themselves are not checked: they are measured by
+the scripts, never asserted by tests)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, run
+
+SCRIPTS = os.path.join(REPO, "scripts")
+
+
+@pytest.mark.slow
+def test_bench_suite_smoke(binarized, tmp_path):
+    """Every system of the suite, each in its own process, the gloo pair
+    included, with an odd batch count (each gloo rank must take the same
+    number of steps, or the all-reduce waits forever)."""
+    out = tmp_path / "bench"
+    run(sys.executable, os.path.join(SCRIPTS, "bench_suite.py"), binarized / "bin", "--batches", "3", "--rounds", "1",
+        "--max-tokens", "200", "--no-simulation", "--out", out, timeout=600)
+    result = json.load(open(out / "bench.json"))
+    assert len(result["systems"]) == 10
+    assert all(row["target_tokens_per_s"] > 0 for row in result["systems"].values())
+    table = open(out / "bench.md").read()
+    assert "2 independent copies (ceiling)" in table and "data parallel across 2 gloo processes" in table
+    assert os.path.getsize(out / "bench.png") > 1000
+
+
+def test_bench_suite_refuses_fewer_batches_than_processes(binarized):
+    result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench_suite.py"), str(binarized / "bin"),
+                             "--batches", "1", "--devices", "2", "--no-simulation"], capture_output=True, text=True)
+    assert result.returncode == 2 and "every one of the K gloo processes needs at least one timed batch" in result.stderr
