@@ -7,9 +7,12 @@ preempted node) leaves a truncated ``checkpoint_last.pt``, and restarting
 the same command fails to load it: the run is lost.  Installing this makes
 fairseq's copies go to a temporary file in the destination folder first and
 replace the destination with one rename, so ``checkpoint_last.pt`` is
-always a whole checkpoint, old or new.
+always a whole checkpoint, old or new.  A temporary file that a killed
+copy left behind (a whole checkpoint's size) is removed by the next copy to
+the same name.
 """
 
+import glob
 import os
 import tempfile
 
@@ -31,7 +34,10 @@ class AtomicCopyPathManager:
         if os.path.exists(dst_path) and not overwrite:
             return False
         folder = os.path.dirname(os.path.abspath(dst_path))
-        handle, tmp_path = tempfile.mkstemp(prefix=os.path.basename(dst_path) + ".", suffix=".tmp", dir=folder)
+        prefix = os.path.basename(dst_path) + "."
+        for stale in glob.glob(os.path.join(glob.escape(folder), glob.escape(prefix) + "*.tmp")):
+            os.remove(stale)  # only rank 0 saves, so no other copy is running
+        handle, tmp_path = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
         os.close(handle)
         try:
             if not self._path_manager.copy(src_path, tmp_path, overwrite=True):

@@ -83,3 +83,17 @@ def test_fairseq_copies_checkpoints_atomically(tmp_path, monkeypatch):
     assert checkpoint_utils.PathManager.copy(str(source), str(last), overwrite=True)
     assert last.read_bytes() == b"new" * 1000
     assert not checkpoint_utils.PathManager.copy(str(source), str(last))  # no overwrite asked
+
+
+def test_a_killed_copys_temporary_file_goes_with_the_next_copy(tmp_path):
+    """SIGKILL skips the clean-up of a copy's temporary file; the next copy
+    to the same name removes it, and leaves other files alone."""
+    from fairseq import checkpoint_utils
+
+    source, last = tmp_path / "checkpoint_1_8.pt", tmp_path / "checkpoint_last.pt"
+    source.write_bytes(b"new")
+    (tmp_path / "checkpoint_last.pt.k1ll3d_x.tmp").write_bytes(b"ne")
+    (tmp_path / "checkpoint_best.pt.other.tmp").write_bytes(b"not ours to remove")
+    assert checkpoint_utils.PathManager.copy(str(source), str(last), overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint_1_8.pt", "checkpoint_best.pt.other.tmp", "checkpoint_last.pt"]
