@@ -12,6 +12,10 @@ data-parallel training for K devices by replaying the engine's schedule.
 3. Predict K = 1, 2, 4, 8 on this machine's cost model, and the paper's
    setting (4 GPUs, ``hybrid_lstm_paper``) under stated GPU assumptions.
 
+The ``--json`` file also serves ``fairseq-train --hybrid-placement auto
+--hybrid-cost-model FILE``: the placement is then chosen under these
+measured costs.
+
   python scripts/simulate_schedule.py work/tatoeba_ja_en/bin --measured bench.json --json simulation.json
 """
 

@@ -80,7 +80,15 @@ class HybridLSTMConfig(FairseqDataclass):
         metadata={
             "help": "device index of every layer, 'encoder=0,1,0,1;decoder=0,1,0,1'; "
             "empty: encoder and decoder layer l on device l mod K; auto: the placement with the "
-            "shortest simulated step (a cost model of floating-point operations)"
+            "shortest simulated step (under --hybrid-cost-model, or counting floating-point operations)"
+        },
+    )
+    hybrid_cost_model: str = field(
+        default="",
+        metadata={
+            "help": "for --hybrid-placement auto: cell costs measured on your devices, the JSON file that "
+            "scripts/simulate_schedule.py --json writes (or a cost model saved alone); empty: every "
+            "floating-point operation costs the same"
         },
     )
     hybrid_chunk_length: int = field(
@@ -244,6 +252,8 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         model = cls(encoder, decoder)
         if cfg.hybrid_devices:
             placement = cfg.hybrid_placement
+            if getattr(cfg, "hybrid_cost_model", "") and placement != "auto":
+                raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto only")
             if placement == "auto" and cfg.hybrid_mode != "data":
                 placement = model.auto_placement(cfg)
             plan = build_plan(
@@ -263,17 +273,21 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
 
     def auto_placement(self, cfg) -> str:
         """``--hybrid-placement auto``: the placement whose replayed schedule
-        is shortest under a cost model of floating-point operations
-        (:mod:`.step_simulation`), for a nominal batch."""
+        is shortest (:mod:`.step_simulation`) for a nominal batch, under
+        the measured cost model of ``--hybrid-cost-model`` or, without one,
+        one where every floating-point operation costs the same."""
         from .step_simulation import NOMINAL_BATCH, best_placement
 
         devices = parse_devices(cfg.hybrid_devices)
+        cost_file = getattr(cfg, "hybrid_cost_model", "")
+        cost = load_cost_model(cost_file)
         default = build_plan(cfg.hybrid_devices, "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-        placement, predicted = best_placement(self, cfg, devices)
+        placement, predicted = best_placement(self, cfg, devices, cost)
         logger.info(
             "--hybrid-placement auto: %s (predicted step: %.1f%% of the default placement's, for a nominal "
-            "batch of %d sentences of %d source and %d target tokens)", placement,
-            100 * predicted.total / _default_time(self, cfg, default), *NOMINAL_BATCH,
+            "batch of %d sentences of %d source and %d target tokens; %s)", placement,
+            100 * predicted.total / _default_time(self, cfg, default, cost), *NOMINAL_BATCH,
+            f"cost model {cost_file}" if cost_file else "floating-point operations only",
         )
         return placement
 
@@ -382,13 +396,31 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         return self._replicas["model"]
 
 
-def _default_time(model, cfg, plan) -> float:
-    from ..parallel.schedule_sim import CostModel
+def _default_time(model, cfg, plan, cost) -> float:
     from .step_simulation import NOMINAL_BATCH, batch, step_time
 
     sentences, source_length, target_length = NOMINAL_BATCH
     net_input, target = batch(sentences, [source_length] * sentences, target_length)
-    return step_time(model, plan, net_input, target, CostModel(), cfg.hybrid_chunk_length).total
+    return step_time(model, plan, net_input, target, cost, cfg.hybrid_chunk_length).total
+
+
+def load_cost_model(path: str):
+    """The cost model in ``path`` (``scripts/simulate_schedule.py --json``
+    output, or ``CostModel.save``); the FLOP-only model when ``path`` is
+    empty.  A missing or malformed file is a DevicePlanError naming it."""
+    import json
+
+    from ..parallel.schedule_sim import CostModel
+
+    if not path:
+        return CostModel()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return CostModel(**data.get("cost_model", data))
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        raise DevicePlanError(f"--hybrid-cost-model {path}: not a cost model ({error}); write one with "
+                              "scripts/simulate_schedule.py DATA --json FILE") from error
 
 
 def _set_defaults(cfg, **defaults):
