@@ -8,12 +8,15 @@ thing that ties a checkpoint to its machine is that record: where the
 recorded devices do not exist (a 4-GPU checkpoint on a laptop), the model is
 built on one device instead, with a warning.  ``--model-overrides
 "{'hybrid_devices': 'cuda:0,cuda:1'}"`` places it on a group of this
-machine.  Resuming training is unaffected: fairseq-train builds the model
-from its own command line.
+machine.  A recorded ``--hybrid-cost-model`` file that is not here is
+dropped the same way (``--hybrid-placement auto`` then counts FLOPs; the
+placement changes speed, never results).  Resuming training is unaffected:
+fairseq-train builds the model from its own command line.
 """
 
 import functools
 import logging
+import os
 
 from .parallel.device_plan import DevicePlanError, parse_devices
 
@@ -28,6 +31,11 @@ def make_portable(state: dict) -> dict:
     devices = getattr(model_cfg, "hybrid_devices", None) if model_cfg is not None else None
     if not devices:
         return state
+    cost_model = getattr(model_cfg, "hybrid_cost_model", "")
+    if cost_model and not os.path.exists(cost_model):
+        logger.warning("checkpoint's --hybrid-cost-model %s is not on this machine; --hybrid-placement auto "
+                       "counts floating-point operations instead", cost_model)
+        model_cfg.hybrid_cost_model = ""
     try:
         parse_devices(devices)
     except DevicePlanError as err:
@@ -35,6 +43,7 @@ def make_portable(state: dict) -> dict:
                        "loading it on one device", devices, err)
         model_cfg.hybrid_devices = ""
         model_cfg.hybrid_placement = ""
+        model_cfg.hybrid_cost_model = ""
     return state
 
 

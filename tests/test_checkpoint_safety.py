@@ -97,3 +97,24 @@ def test_a_killed_copys_temporary_file_goes_with_the_next_copy(tmp_path):
     assert checkpoint_utils.PathManager.copy(str(source), str(last), overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint_1_8.pt", "checkpoint_best.pt.other.tmp", "checkpoint_last.pt"]
+
+
+def test_a_checkpoint_loads_where_its_devices_or_cost_model_are_missing(tmp_path):
+    from argparse import Namespace
+
+    import torch
+
+    from fairseq_hybrid.checkpoint_portability import make_portable
+
+    present = tmp_path / "simulation.json"
+    present.write_text("{}")
+    kept = make_portable({"cfg": {"model": Namespace(hybrid_devices="cpu,cpu", hybrid_placement="auto",
+                                                     hybrid_cost_model=str(present))}})["cfg"]["model"]
+    assert (kept.hybrid_devices, kept.hybrid_placement, kept.hybrid_cost_model) == ("cpu,cpu", "auto", str(present))
+    moved = make_portable({"cfg": {"model": Namespace(hybrid_devices="cpu,cpu", hybrid_placement="auto",
+                                                      hybrid_cost_model=str(tmp_path / "gone.json"))}})
+    assert moved["cfg"]["model"].hybrid_placement == "auto" and moved["cfg"]["model"].hybrid_cost_model == ""
+    far = make_portable({"cfg": {"model": Namespace(hybrid_devices="cuda:0,cuda:7", hybrid_placement="auto",
+                                                    hybrid_cost_model=str(present))}})["cfg"]["model"]
+    if torch.cuda.device_count() < 8:
+        assert (far.hybrid_devices, far.hybrid_placement, far.hybrid_cost_model) == ("", "", "")
