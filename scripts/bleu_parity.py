@@ -9,21 +9,22 @@ seed and the side's options changed.  Sides:
 * ``one``: the single-device model, the recipe's default (2 intra-op threads);
 * ``group``: the same model on ``--devices`` (default ``cpu,cpu``, one
   thread per device), plus ``--group-args`` (for example
-  ``--hybrid-dropout-masks single-device``);
-* ``one-1thread``: the single-device model with 1 intra-op thread: the noise
-  floor.  It computes the same arithmetic as ``one`` except for the order in
-  which the threads' partial sums are added, so whatever separates it from
-  ``one`` is what rounding alone does to this training budget.
+  ``--hybrid-dropout-masks single-device``).
 
-Runs are kept under ``WORK/parity/<side>_seed<N>`` (the group side named
-after its devices and options when they are not the defaults) and skipped when done
-(the recipe's own resume logic), so the study can be stopped and rerun, and
-more seeds added later.  Prints, and writes as JSON and Markdown, every
+``--devices cpu`` makes the group a single device running the engine's
+cells one after another: no parallelism, only the engine's order of
+floating-point operations.  Set beside ``one`` it shows what that order
+alone does to this training budget.
+
+Runs are kept under ``WORK/parity/<side>_seed<N>`` (a group named after
+its devices and options where they are not the defaults) and skipped when
+done (the recipe's own resume logic), so the study can be stopped, rerun
+and given more seeds.  Prints, and writes as JSON and Markdown, every
 run's BLEU, chrF2 and validation perplexity, the mean and standard deviation
 per side, and the paired difference per seed.
 
   python scripts/bleu_parity.py --seeds 1,2,3
-  python scripts/bleu_parity.py --seeds 1 --sides one-1thread
+  python scripts/bleu_parity.py --seeds 1 --sides group --devices cpu
   python scripts/bleu_parity.py --report-only
 """
 
@@ -38,15 +39,13 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "recipes", "tatoeba_ja_en", "run.sh")
-SIDES = ("one", "group", "one-1thread")
+SIDES = ("one", "group")
 
 
 def side_options(side, devices, group_args):
     """(recipe options, fairseq-train options) of a side."""
     if side == "one":
         return [], []
-    if side == "one-1thread":
-        return ["--threads", "1"], []
     if side == "group":
         return [], ["--hybrid-devices", devices] + group_args
     raise ValueError(side)
@@ -127,8 +126,7 @@ def fmt(value, digits=1):
 
 
 def markdown(runs, summary, paired, seeds, sides, devices, group_args):
-    labels = {"one": "1 device", "group": f"{len(devices.split(','))} devices ({devices}"
-              + (" " + " ".join(group_args) if group_args else "") + ")", "one-1thread": "1 device, 1 thread"}
+    labels = {"one": "1 device", "group": f"group on {devices}" + (" " + " ".join(group_args) if group_args else "")}
     lines = ["| side | seed | BLEU | chrF2 | valid ppl |", "| --- | --- | --- | --- | --- |"]
     for side in sides:
         for seed in seeds:

@@ -55,7 +55,7 @@ def test_bleu_parity_report(tmp_path):
     assert abs(group["valid_ppl"][0] - 24.5) < 1e-9
     assert report["paired"]["group"]["BLEU differences"] == [-1.0, 0.5]
     assert abs(report["paired"]["group"]["mean"] + 0.25) < 1e-9
-    assert "| 2 devices (cpu,cpu) | 2 | 6.5 | 23.0 | 22.0 |" in result.stdout
+    assert "| group on cpu,cpu | 2 | 6.5 | 23.0 | 22.0 |" in result.stdout
     assert "(mean -0.25)" in open(out / "parity.md").read()
 
     # The group side with other options reads its own runs.
