@@ -12,6 +12,10 @@ data-parallel training for K devices by replaying the engine's schedule.
 3. Predict K = 1, 2, 4, 8 on this machine's cost model, and the paper's
    setting (4 GPUs, ``hybrid_lstm_paper``) under stated GPU assumptions.
 
+First, and alone with ``--bound-only`` (seconds, no calibration), the
+dependency bound: the speed-up the cells' dependencies allow when every
+floating-point operation costs the same and nothing else costs anything.
+
 The ``--json`` file also serves ``fairseq-train --hybrid-placement auto
 --hybrid-cost-model FILE``: the placement is then chosen under these
 measured costs.
@@ -144,15 +148,31 @@ def main(argv=None):
     parser.add_argument("--gpu-step-overhead-ms", type=float, default=5.0)
     parser.add_argument("--link-gbps", type=float, default=12.0, help="device-to-device bytes/s / 1e9 (PCIe 3 x16)")
     parser.add_argument("--link-latency-us", type=float, default=10.0)
+    parser.add_argument("--bound-only", action="store_true",
+                        help="only the dependency bound: no calibration, every FLOP costs the same, nothing else")
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
 
     task, _, _ = build(args.data, model_args(args.arch))
     samples = batches(task, args.max_tokens, args.batches + 2)
-    cost, model = calibrate(args.data, samples, args.arch)
     timed = samples[2:]
-    result = {"cost_model": cost.__dict__, "validation": {}, "this_machine": {}, "paper_setting": {}}
+    devices = [int(x) for x in args.devices.split(",")]
+    # What the cells' dependencies alone allow: no fixed costs, no overhead,
+    # no contention, every floating-point operation equally expensive.
+    twin, cfg = twin_model(args.arch, len(task.target_dictionary))
+    bound = speedups(twin, cfg, CostModel(), timed, devices)
+    print(f"Dependency bound ({args.arch}, Tatoeba batches; every FLOP costs the same, nothing else costs)")
+    for name, row in bound.items():
+        print(f"  {name}: " + (f"{row['speedup']:.2f}x" if row["speedup"] else "n/a"))
+    if args.bound_only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"dependency_bound": bound}, f, indent=2)
+        return
+    cost, model = calibrate(args.data, samples, args.arch)
+    result = {"cost_model": cost.__dict__, "dependency_bound": bound, "validation": {}, "this_machine": {},
+              "paper_setting": {}}
 
     measured = json.load(open(args.measured)) if args.measured else None
     if measured:
@@ -176,7 +196,6 @@ def main(argv=None):
             result["validation"][name] = {"predicted": predicted, "measured": row["speedup"], "error": error}
             print(f"| {name} | {predicted:.2f}x | {row['speedup']:.2f}x | {error:+.0%} |")
 
-    devices = [int(x) for x in args.devices.split(",")]
     twin, cfg = twin_model(args.arch, len(task.target_dictionary))
     result["this_machine"] = speedups(twin, cfg, cost, timed, devices)
     print(f"\nPredicted on this machine's cost model ({args.arch}, Tatoeba batches; hybrid and model need K <= layers)")
