@@ -21,7 +21,7 @@ its devices and options where they are not the defaults) and skipped when
 done (the recipe's own resume logic), so the study can be stopped, rerun
 and given more seeds.  Prints, and writes as JSON and Markdown, every
 run's BLEU, chrF2 and validation perplexity, the mean and standard deviation
-per side, and the paired difference per seed.
+per side, and the paired difference per seed (``docs/parity/GROUP.*``).
 
   python scripts/bleu_parity.py --seeds 1,2,3
   python scripts/bleu_parity.py --seeds 1 --sides group --devices cpu
@@ -155,7 +155,7 @@ def main():
     parser.add_argument("--group-args", default="", help="further fairseq-train options of the group side")
     parser.add_argument("--work-dir", default=os.path.join(REPO, "work", "tatoeba_ja_en"))
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "parity"),
-                        help="folder for parity.json and parity.md")
+                        help="folder for GROUP.json and GROUP.md, GROUP the group's run name (group, group-cpu, ...)")
     parser.add_argument("--report-only", action="store_true", help="train nothing; report the finished runs")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -179,13 +179,14 @@ def main():
     table = markdown(runs, summary, paired, seeds, sides, args.devices, group_args)
     print(table)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "parity.json"), "w") as f:
+    stem = os.path.join(args.out, run_name("group", args.devices, group_args))
+    with open(stem + ".json", "w") as f:
         json.dump({"seeds": seeds, "devices": args.devices, "group_args": group_args,
                    "runs": {side: {str(k): v for k, v in r.items()} for side, r in runs.items()},
                    "summary": summary, "paired": paired}, f, indent=1)
-    with open(os.path.join(args.out, "parity.md"), "w") as f:
+    with open(stem + ".md", "w") as f:
         f.write(table)
-    print(f"wrote {args.out}/parity.json and parity.md")
+    print(f"wrote {stem}.json and {stem}.md")
 
 
 if __name__ == "__main__":

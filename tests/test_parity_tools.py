@@ -48,7 +48,7 @@ def test_bleu_parity_report(tmp_path):
     out = tmp_path / "out"
     result = run(sys.executable, os.path.join(SCRIPTS, "bleu_parity.py"), "--report-only", "--seeds", "1,2,3",
                  "--work-dir", work, "--out", out)
-    report = json.load(open(out / "parity.json"))
+    report = json.load(open(out / "group.json"))
     one, group = report["summary"]["one"], report["summary"]["group"]
     assert one["seeds"] == [1, 2] and group["seeds"] == [1, 2]
     assert abs(one["BLEU"][0] - 5.5) < 1e-9 and abs(one["BLEU"][1] - 0.5 ** 0.5) < 1e-9
@@ -56,9 +56,9 @@ def test_bleu_parity_report(tmp_path):
     assert report["paired"]["group"]["BLEU differences"] == [-1.0, 0.5]
     assert abs(report["paired"]["group"]["mean"] + 0.25) < 1e-9
     assert "| group on cpu,cpu | 2 | 6.5 | 23.0 | 22.0 |" in result.stdout
-    assert "(mean -0.25)" in open(out / "parity.md").read()
+    assert "(mean -0.25)" in open(out / "group.md").read()
 
     # The group side with other options reads its own runs.
     run(sys.executable, os.path.join(SCRIPTS, "bleu_parity.py"), "--report-only", "--seeds", "1",
         "--group-args", "--hybrid-dropout-masks single-device", "--work-dir", work, "--out", out)
-    assert json.load(open(out / "parity.json"))["paired"]["group"]["BLEU differences"] == [-4.0]
+    assert json.load(open(out / "group-hybrid-dropout-masks-single-device.json"))["paired"]["group"]["BLEU differences"] == [-4.0]
