@@ -117,7 +117,9 @@ def summarise(work, seeds, sides, devices, group_args):
             if side == "one":
                 continue
             diffs = [runs[side][s]["BLEU"] - runs["one"][s]["BLEU"] for s in seeds if runs[side][s] and runs["one"][s]]
-            paired[side] = {"BLEU differences": diffs, "mean": mean_std(diffs)[0], "std": mean_std(diffs)[1]}
+            mean, std = mean_std(diffs)
+            paired[side] = {"BLEU differences": diffs, "mean": mean, "std": std,
+                            "standard_error": std / math.sqrt(len(diffs)) if std is not None else None}
     return runs, summary, paired
 
 
@@ -135,7 +137,7 @@ def markdown(runs, summary, paired, seeds, sides, devices, group_args):
                 lines.append(f"| {labels[side]} | {seed} | {r['BLEU']} | {r['chrF2']} | {fmt(r['valid_ppl'])} |")
         s = summary[side]
         if s["seeds"]:
-            lines.append(f"| **{labels[side]}, mean ± sd** | {len(s['seeds'])} seeds | "
+            lines.append(f"| **{labels[side]}, mean ± sd** | {len(s['seeds'])} seed{'s' if len(s['seeds']) != 1 else ''} | "
                          + " | ".join(f"{fmt(s[m][0], 2)} ± {fmt(s[m][1], 2)}" for m in ("BLEU", "chrF2", "valid_ppl"))
                          + " |")
     for side, p in paired.items():
@@ -143,7 +145,8 @@ def markdown(runs, summary, paired, seeds, sides, devices, group_args):
             lines.append("")
             lines.append(f"{labels[side]} minus 1 device, BLEU, same seed: "
                          + ", ".join(f"{d:+.1f}" for d in p["BLEU differences"])
-                         + f" (mean {p['mean']:+.2f})")
+                         + f" (mean {p['mean']:+.2f}"
+                         + (f", standard error {p['standard_error']:.2f})" if p["standard_error"] is not None else ")"))
     return "\n".join(lines) + "\n"
 
 

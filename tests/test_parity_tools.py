@@ -56,7 +56,8 @@ def test_bleu_parity_report(tmp_path):
     assert report["paired"]["group"]["BLEU differences"] == [-1.0, 0.5]
     assert abs(report["paired"]["group"]["mean"] + 0.25) < 1e-9
     assert "| group on cpu,cpu | 2 | 6.5 | 23.0 | 22.0 |" in result.stdout
-    assert "(mean -0.25)" in open(out / "group.md").read()
+    assert abs(report["paired"]["group"]["standard_error"] - 0.75) < 1e-9  # sd 1.5 / sqrt(2) / sqrt(2)
+    assert "(mean -0.25, standard error 0.75)" in open(out / "group.md").read()
 
     # The group side with other options reads its own runs.
     run(sys.executable, os.path.join(SCRIPTS, "bleu_parity.py"), "--report-only", "--seeds", "1",
