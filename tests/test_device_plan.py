@@ -56,8 +56,10 @@ def test_data_mode_may_use_more_devices_than_layers():
 
 
 def test_placement_without_devices_is_refused():
-    with pytest.raises(ValueError, match="--hybrid-placement needs --hybrid-devices"):
+    with pytest.raises(ValueError, match="--hybrid-placement and --hybrid-cost-model need --hybrid-devices"):
         build_model("hybrid_lstm_tiny", hybrid_placement="encoder=0,0;decoder=0,0")
+    with pytest.raises(ValueError, match="--hybrid-placement and --hybrid-cost-model need --hybrid-devices"):
+        build_model("hybrid_lstm_tiny", hybrid_cost_model="simulation.json")
 
 
 def test_batch_slices_cover_the_batch_without_empty_shards():

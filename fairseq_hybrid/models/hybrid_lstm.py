@@ -265,8 +265,8 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
             model.chunk_length = cfg.hybrid_chunk_length
             model.dropout_masks = cfg.hybrid_dropout_masks
             logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, model.placement_table())
-        elif cfg.hybrid_placement:
-            raise ValueError("--hybrid-placement needs --hybrid-devices")
+        elif cfg.hybrid_placement or getattr(cfg, "hybrid_cost_model", ""):
+            raise ValueError("--hybrid-placement and --hybrid-cost-model need --hybrid-devices")
         return model
 
     # -- placement ---------------------------------------------------------
