@@ -101,7 +101,7 @@ def gloo_process(rank, k, data, max_tokens, count, port, results):
     DistributedDataParallel over gloo around the model and its criterion."""
     import torch
     import torch.distributed as dist
-    from bench_lstm_vs_hybrid import batches
+    from bench_lstm_vs_hybrid import batches, run_steps
 
     class LossOf(torch.nn.Module):
         """The criterion's loss as a module's forward, so DDP sees the step."""
@@ -124,17 +124,10 @@ def gloo_process(rank, k, data, max_tokens, count, port, results):
     samples = batches(task, max_tokens, count + 2)
 
     def train_on(chosen):
-        tokens = 0
-        for sample in chosen:
-            optimizer.zero_grad(set_to_none=True)
-            loss, sample_size, _ = step(sample)
-            (loss / sample_size).backward()
-            optimizer.step()
-            tokens += sample["ntokens"]
-        return tokens
+        # the DDP wrapper stands in for the criterion: it runs model and loss
+        return run_steps(model, lambda _, sample: step(sample), optimizer, chosen)[0]
 
-    model.train()
-    train_on(samples[rank:rank + 1])  # warm-up
+    train_on(samples[rank:rank + 1])  # warm-up (run_steps puts the model in training mode)
     dist.barrier()
     start = time.perf_counter()
     # every rank the same number of steps, or DDP's all-reduce waits forever

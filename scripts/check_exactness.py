@@ -32,15 +32,14 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_lstm_vs_hybrid import USER_DIR, batches, build  # noqa: E402
+from bench_hybrid_cpu import model_args as bench_model_args  # noqa: E402
+from bench_lstm_vs_hybrid import batches, build  # noqa: E402
 
 
 def model_args(arch, dropout, devices="", mode="hybrid", dropout_masks="per-cell"):
-    args = ["--user-dir", USER_DIR, "--arch", arch, "--criterion", "hybrid_cross_entropy",
-            "--label-smoothing", "0.1", "--dropout", str(dropout)]
-    if devices:
-        args += ["--hybrid-devices", devices, "--hybrid-mode", mode, "--hybrid-dropout-masks", dropout_masks]
-    return args
+    """The benchmark's model options, with this dropout (and mask mode)."""
+    args = bench_model_args(arch, devices, mode) + ["--dropout", str(dropout)]
+    return args + ["--hybrid-dropout-masks", dropout_masks] if devices else args
 
 
 def loss_and_grads(model, criterion, sample, seed, threads):
