@@ -10,7 +10,10 @@ fairseq_hybrid``) registers with fairseq:
 allowlists the classes that fairseq checkpoints pickle, so that
 ``torch.load``'s safe ``weights_only`` mode can stay on, lets a
 checkpoint from a hybrid group load where its devices are missing, and
-makes fairseq's copies of a checkpoint (to ``checkpoint_last.pt``) atomic.
+makes fairseq's copies of a checkpoint (to ``checkpoint_last.pt``) atomic,
+makes fairseq's gradient clipping and ``--fp16`` optimizer correct for
+parameters on several devices, and, with ``FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1``,
+turns on the virtual-device test harness.
 """
 
 __version__ = "0.1.0"
@@ -26,5 +29,13 @@ checkpoint_portability.install()
 from . import atomic_checkpoint_copy  # noqa: E402
 
 atomic_checkpoint_copy.install()
+
+from . import multi_device_optim  # noqa: E402
+
+multi_device_optim.install()
+
+from . import virtual_devices  # noqa: E402
+
+virtual_devices.enable_from_environment()
 
 from . import criterions, models  # noqa: E402,F401

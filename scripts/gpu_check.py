@@ -1,84 +1,271 @@
 #!/usr/bin/env python3
-"""A few-minute check of the hybrid group on the device at hand.
+"""One prepared check of the hybrid group on the GPU(s) at hand, in phases.
 
-1. runs the exactness and engine tests (``tests/test_hybrid_exactness.py``,
-   ``tests/test_hybrid_engine.py``; the CUDA variants run where CUDA is
-   present),
-2. trains ``hybrid_lstm_base``-sized models on random batches and prints
-   target tokens/s for one device and for groups of K devices in each mode,
-   where a "device" list may repeat the one GPU (``cuda:0,cuda:0``: virtual
-   devices) so the scheme's overheads show even on a single GPU.
+Each phase runs in a process of its own under a hard time limit; a phase
+that runs out dumps every thread's stack (``faulthandler``) into its log
+and the check goes on with the next.  At the end one JSON file and one
+Markdown table (``--out``, default ``work/gpu_check``) say what passed.
 
-  python scripts/gpu_check.py                    # cuda when present, else cpu
-  python scripts/gpu_check.py --device cpu --groups 2 --steps 3
+  exactness   the exactness, engine and worker tests (their CUDA variants
+              run on K virtual devices ``cuda:0,cuda:0,...`` and on real
+              ones where there are several GPUs)
+  precision   a few fairseq-train updates of hybrid_lstm_tiny on the
+              shipped Tatoeba fixture in fp32, --bf16, --amp and --fp16, on
+              one device and on a group: finite losses, and the group's
+              parameters equal one device's in fp32
+  speed       target tokens/s of fairseq's lstm against hybrid_lstm at the
+              same size on one device, and of one device against groups of
+              K = 2 and 4 (virtual) devices in each mode
+
+  python scripts/gpu_check.py                       # everything, about 5 minutes on one GPU
+  python scripts/gpu_check.py --phases speed --steps 3
+  python scripts/gpu_check.py --device cpu --phases precision,speed --steps 2   # a smoke run without a GPU
 """
 
 import argparse
+import faulthandler
+import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
-import torch
-
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, REPO)
+BIN = os.path.dirname(sys.executable)
+FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
+PHASES = ("exactness", "precision", "speed")
+LIMITS = {"exactness": 180, "precision": 240, "speed": 150}  # seconds per phase
 
 
-def throughput(devices, mode, device, steps, batch, src_len, tgt_len, vocab):
-    from conftest import StandInTask, build_model, make_dictionary, make_sample
+def devices_for(device, count, k):
+    """K device names: real GPUs where there are enough, else virtual ones
+    on the GPUs there are (cuda:0,cuda:0,...); K CPU devices on CPU."""
+    if device == "cpu":
+        return ["cpu"] * k
+    return [f"cuda:{i % count}" for i in range(k)]
+
+
+# -- phases (each runs in its own process) --------------------------------------
+
+
+def phase_exactness(args, result):
+    tests = [os.path.join(REPO, "tests", name)
+             for name in ("test_hybrid_exactness.py", "test_hybrid_engine.py", "test_worker.py")]
+    report = os.path.join(args.work, "exactness.xml")
+    code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                            *tests], cwd=REPO)
+    text = open(report).read() if os.path.exists(report) else ""
+    counts = {key: int(value) for key, value in re.findall(r'(tests|failures|errors|skipped)="(\d+)"', text)[:4]}
+    cuda_cases = re.findall(r'<testcase [^>]*name="([^"]*cuda[^"]*)"', text)
+    result.update(ok=code == 0, counts=counts, cuda_tests=cuda_cases)
+
+
+def binarize(work):
+    out = os.path.join(work, "bin")
+    if os.path.exists(os.path.join(out, "dict.en.txt")):
+        return out
+    subprocess.check_call([sys.executable, os.path.join(REPO, "scripts", "spm_encode_parallel.py"), "--raw-dir",
+                           FIXTURE, "--out-dir", os.path.join(work, "spm"), "--src", "ja", "--tgt", "en",
+                           "--train-model", "--vocab-size", "2000"])
+    spm = os.path.join(work, "spm")
+    subprocess.check_call([os.path.join(BIN, "fairseq-preprocess"), "--source-lang", "ja", "--target-lang", "en",
+                           "--joined-dictionary", "--trainpref", f"{spm}/train", "--validpref", f"{spm}/valid",
+                           "--destdir", out, "--workers", "1"])
+    return out
+
+
+def phase_precision(args, result):
+    import torch
+
+    data = binarize(args.work)
+    count = torch.cuda.device_count() if args.device == "cuda" else 0
+    group = ",".join(devices_for(args.device, count, 2))
+    runs = {}
+    for precision in ("fp32", "bf16", "amp", "fp16"):
+        if args.device == "cpu" and precision in ("amp", "fp16"):
+            runs[precision] = {"skipped": "needs CUDA"}
+            continue
+        flags = [] if precision == "fp32" else [f"--{precision}"]
+        for side, extra in (("one device", []), (f"group {group}", ["--hybrid-devices", group])):
+            save = os.path.join(args.work, f"precision_{precision}_{'group' if extra else 'one'}")
+            command = [os.path.join(BIN, "fairseq-train"), data, "--user-dir", os.path.join(REPO, "fairseq_hybrid"),
+                       "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
+                       "--optimizer", "adam", "--lr", "0.005", "--clip-norm", "1.0", "--max-tokens", "600",
+                       "--max-update", str(args.updates), "--save-dir", save, "--no-epoch-checkpoints",
+                       "--no-save-optimizer-state", "--seed", "3", "--no-progress-bar", "--log-format", "simple",
+                       "--log-interval", "1", "--disable-validation", *(["--cpu"] if args.device == "cpu" else []),
+                       *flags, *extra]
+            process = subprocess.run(command, capture_output=True, text=True)
+            log = process.stdout + process.stderr
+            losses = [float(x) for x in re.findall(r"\| loss ([\d.]+|nan|inf)", log)]
+            entry = {"ok": process.returncode == 0, "losses": losses[-3:],
+                     "finite": bool(losses) and all(x == x and x != float("inf") for x in losses)}
+            if process.returncode != 0:
+                entry["error"] = log[-1500:]
+            runs.setdefault(precision, {})[side] = entry
+        if precision == "fp32" and all(r.get("ok") for r in runs["fp32"].values()):
+            one = torch.load(os.path.join(args.work, "precision_fp32_one", "checkpoint_last.pt"), map_location="cpu")
+            two = torch.load(os.path.join(args.work, "precision_fp32_group", "checkpoint_last.pt"), map_location="cpu")
+            worst = max(float(((two["model"][k].float() - v.float()).abs().max() / (v.float().abs().max() + 1e-12)))
+                        for k, v in one["model"].items())
+            runs["fp32"]["largest relative parameter difference"] = worst
+    result.update(runs=runs, ok=all(entry.get("ok", True) and entry.get("finite", True)
+                                    for sides in runs.values() for entry in sides.values() if isinstance(entry, dict)))
+
+
+def throughput(arch, devices, mode, device, steps, batch, length, vocab, options):
+    import torch
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
     from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    from fairseq_hybrid.testing import StandInTask, build_model, make_dictionary, make_sample
 
     src_dict, tgt_dict = make_dictionary(vocab), make_dictionary(vocab)
-    options = {"hybrid_devices": ",".join(devices), "hybrid_mode": mode} if devices else {}
+    task = StandInTask(src_dict, tgt_dict)
+    group = {"hybrid_devices": ",".join(devices), "hybrid_mode": mode} if devices else {}
     torch.manual_seed(0)
-    model = build_model("hybrid_lstm_base", src_dict, tgt_dict, encoder_layers=4, decoder_layers=4, **options)
+    model = build_model(arch, src_dict, tgt_dict, **options, **group)
     if not devices:
         model = model.to(device)
-    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    criterion = (HybridCrossEntropyCriterion(task, False, 0.1) if arch.startswith("hybrid")
+                 else LabelSmoothedCrossEntropyCriterion(task, False, 0.1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    sample = make_sample(src_dict, tgt_dict, [src_len] * batch, [tgt_len] * batch)
-    tokens = 0
+    sample = make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch)
+    sample = {key: ({k: v.to(device) for k, v in value.items()} if isinstance(value, dict) else
+                    value.to(device) if torch.is_tensor(value) else value) for key, value in sample.items()}
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    tokens, start = 0, None
     for step in range(steps + 1):
         if step == 1:  # the first step is warm-up
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            synchronize()
             start, tokens = time.perf_counter(), 0
         optimizer.zero_grad()
         loss, sample_size, _ = criterion(model, sample)
         (loss / sample_size).backward()
         optimizer.step()
         tokens += sample["ntokens"]
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    synchronize()
     return tokens / (time.perf_counter() - start)
+
+
+def phase_speed(args, result):
+    import torch
+
+    count = torch.cuda.device_count() if args.device == "cuda" else 0
+    size = {"encoder_layers": 4, "decoder_layers": 4}
+    shape = dict(device=args.device, steps=args.steps, batch=args.batch, length=30, vocab=8000)
+    rows = []
+    lstm_size = dict(encoder_embed_dim=256, encoder_hidden_size=256, encoder_layers=4, encoder_bidirectional=True,
+                     decoder_embed_dim=256, decoder_hidden_size=256, decoder_layers=4, decoder_out_embed_dim=256)
+    base = throughput("hybrid_lstm_base", [], "hybrid", options=size, **shape)
+    lstm = throughput("lstm", [], "hybrid", options=lstm_size, **shape)
+    rows.append({"system": "fairseq lstm, one device (input feeding, every encoder layer bidirectional)",
+                 "tokens_per_s": lstm, "vs_one_device": lstm / base})
+    rows.append({"system": "hybrid_lstm_base 4+4 layers, one device", "tokens_per_s": base, "vs_one_device": 1.0})
+    for k in (int(x) for x in args.groups.split(",")):
+        devices = devices_for(args.device, count, k)
+        for mode in ("hybrid", "model", "data"):
+            rate = throughput("hybrid_lstm_base", devices, mode, options=size, **shape)
+            rows.append({"system": f"{mode} on {','.join(devices)}", "tokens_per_s": rate, "vs_one_device": rate / base})
+            print(rows[-1], flush=True)
+    result.update(ok=True, rows=rows, shape=f"{args.device}, batch {args.batch} x 30 tokens, vocabulary 8000, "
+                                             f"{args.steps} timed steps after one warm-up")
+
+
+# -- driver ------------------------------------------------------------------------
+
+
+def run_phase(name, args):
+    """``name`` in a child process under a hard limit; its result dict."""
+    out = os.path.join(args.work, f"{name}.json")
+    log_path = os.path.join(args.work, f"{name}.log")
+    if os.path.exists(out):
+        os.remove(out)
+    command = [sys.executable, os.path.abspath(__file__), "--phase-child", name, "--device", args.device,
+               "--work", args.work, "--steps", str(args.steps), "--batch", str(args.batch), "--groups", args.groups,
+               "--updates", str(args.updates), "--limit", str(args.limits[name])]
+    start = time.time()
+    with open(log_path, "w") as log:
+        try:
+            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=args.limits[name] + 30)
+        except subprocess.TimeoutExpired:
+            code = "killed"
+    result = json.load(open(out)) if os.path.exists(out) else {"ok": False}
+    result.update(seconds=round(time.time() - start, 1), exit=code, log=log_path)
+    if code != 0 and not os.path.exists(out):
+        result["error"] = open(log_path, errors="replace").read()[-3000:]
+    return result
+
+
+def markdown(report):
+    lines = [f"# GPU check ({report['device']}, {report['gpus']} GPU(s), torch {report['torch']})", "",
+             "| phase | ok | seconds | what |", "| --- | --- | ---: | --- |"]
+    for name, result in report["phases"].items():
+        what = ""
+        if name == "exactness" and "counts" in result:
+            what = f"{result['counts']}; CUDA tests: {len(result.get('cuda_tests', []))}"
+        elif name == "precision" and "runs" in result:
+            what = "; ".join(f"{p}: " + ", ".join(f"{side} {'ok' if e.get('ok') and e.get('finite') else 'FAILED'}"
+                                                  for side, e in sides.items() if isinstance(e, dict) and "ok" in e)
+                             for p, sides in result["runs"].items())
+        lines.append(f"| {name} | {'yes' if result.get('ok') else 'NO'} | {result.get('seconds')} | {what} |")
+    speed = report["phases"].get("speed", {})
+    if speed.get("rows"):
+        lines += ["", f"Speed ({speed['shape']}):", "", "| system | target tokens/s | vs one device |",
+                  "| --- | ---: | ---: |"]
+        lines += [f"| {r['system']} | {r['tokens_per_s']:,.0f} | {r['vs_one_device']:.2f}x |" for r in speed["rows"]]
+    return "\n".join(lines) + "\n"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--groups", default="2,4", help="group sizes K to measure (default: %(default)s)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when present")
+    parser.add_argument("--phases", default=",".join(PHASES))
+    parser.add_argument("--out", default=os.path.join(REPO, "work", "gpu_check"))
+    parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one)")
+    parser.add_argument("--groups", default="2,4", help="group sizes K for the speed phase")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--updates", type=int, default=8, help="fairseq-train updates per precision run")
+    parser.add_argument("--phase-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--limit", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not args.skip_tests:
-        tests = [os.path.join(REPO, "tests", name) for name in ("test_hybrid_exactness.py", "test_hybrid_engine.py")]
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", *tests])
-        if code != 0:
-            return code
-    count = torch.cuda.device_count() if args.device == "cuda" else 0
-    shape = dict(device=args.device, steps=args.steps, batch=args.batch, src_len=30, tgt_len=30, vocab=8000)
-    base = throughput([], "hybrid", **shape)
-    print(f"\n{args.device}, hybrid_lstm_base size with 4+4 layers, batch {args.batch} x 30 tokens, {args.steps} steps")
-    print(f"| group | mode | target tokens/s | vs one device |\n| --- | --- | ---: | ---: |\n| one device | - | {base:,.0f} | 1.00x |")
-    for k in (int(x) for x in args.groups.split(",")):
-        devices = [f"cuda:{i % count}" for i in range(k)] if count else ["cpu"] * k
-        for mode in ("hybrid", "model", "data"):
-            rate = throughput(devices, mode, **shape)
-            print(f"| {','.join(devices)} | {mode} | {rate:,.0f} | {rate / base:.2f}x |", flush=True)
-    return 0
+    if args.phase_child:
+        # the hard limit: dump every thread's stack and exit when it passes
+        faulthandler.dump_traceback_later(args.limit, exit=True)
+        result = {}
+        try:
+            globals()[f"phase_{args.phase_child}"](args, result)
+        finally:
+            json.dump(result, open(os.path.join(args.work, f"{args.phase_child}.json"), "w"), indent=2)
+        return 0
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        parser.error(f"unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
+    args.work = args.work or tempfile.mkdtemp(prefix="gpu_check_")
+    args.limits = dict(LIMITS)
+    report = {"device": args.device, "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+              "torch": torch.__version__, "phases": {}}
+    if torch.cuda.is_available():
+        report["gpu_name"] = torch.cuda.get_device_name(0)
+    for name in phases:
+        print(f"[gpu_check] {name} (limit {args.limits[name]} s) ...", flush=True)
+        report["phases"][name] = run_phase(name, args)
+        print(f"[gpu_check] {name}: {'ok' if report['phases'][name].get('ok') else 'FAILED'} "
+              f"in {report['phases'][name]['seconds']} s", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(report, open(os.path.join(args.out, "gpu_check.json"), "w"), indent=2)
+    table = markdown(report)
+    open(os.path.join(args.out, "gpu_check.md"), "w").write(table)
+    print(table)
+    return 0 if all(result.get("ok") for result in report["phases"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -81,14 +81,16 @@ def test_fairseq_hydra_train(binarized, tmp_path):
     assert state["model"]["decoder.attention_softmax.attention.score_proj.weight"].shape == (1, 24)
 
 
-def train_updates(work, name, *extra):
+def train_updates(work, name, *extra, env=None, log=None):
     save_dir = work / name
-    run(
+    result = run(
         os.path.join(BIN, "fairseq-train"), work / "bin", "--user-dir", USER_DIR, "--cpu",
         "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
         "--optimizer", "adam", "--lr", "0.005", "--clip-norm", "1.0", "--max-tokens", "600", "--max-update", "20",
-        "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", "3", "--no-progress-bar", *extra,
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", "3", "--no-progress-bar", *extra, env=env,
     )
+    if log is not None:
+        log.append(result.stdout + result.stderr)
     return save_dir / "checkpoint_last.pt"
 
 
@@ -118,3 +120,24 @@ def test_hybrid_group_through_fairseq_train_and_generate(binarized, tmp_path):
     assert len([line for line in generated.stdout.splitlines() if line.startswith("H-")]) == 200
     if not torch.cuda.is_available():
         assert "loading it on one device" in generated.stderr + generated.stdout
+
+
+def test_virtual_group_through_fairseq_train(binarized):
+    """The same 20 updates on 2 virtual devices (cpu:0, cpu:1 told apart as
+    two GPUs are, FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1): fairseq's trainer,
+    Adam and --clip-norm 1.0 over parameters on two devices give the
+    single-device parameters."""
+    import torch
+
+    # (its own single-device run: rerunning a finished one would train one update more)
+    single = torch.load(train_updates(binarized, "single_for_virtual"))
+    environment = dict(os.environ, FAIRSEQ_HYBRID_VIRTUAL_DEVICES="1")
+    for mode in ("hybrid", "model", "data"):
+        log = []
+        checkpoint = train_updates(binarized, f"virtual_{mode}", "--hybrid-devices", "cpu:0,cpu:1", "--hybrid-mode",
+                                   mode, env=environment, log=log)
+        assert "virtual-device test harness on" in log[0], log[0][-3000:]
+        assert re.search(r"attention-softmax +master cpu:\d; shards [^\n]*cpu:1", log[0]), log[0][-3000:]
+        group = torch.load(checkpoint)
+        for name, value in single["model"].items():
+            torch.testing.assert_close(group["model"][name], value, rtol=1e-5, atol=1e-6, msg=f"{mode}: {name}")

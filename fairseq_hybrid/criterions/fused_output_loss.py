@@ -18,7 +18,7 @@ ignored): with ``a = 1 - eps - eps_i`` and ``eps_i = eps / (V - 1)``,
 ``x_v`` is ``p_v (a + eps_i V) - eps_i - a [v = y]``.
 """
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -76,6 +76,30 @@ class FusedLinearLabelSmoothedCE(torch.autograd.Function):
         )
 
 
+class KeptTargets(NamedTuple):
+    """The target positions of a piece of a batch that count (not
+    ``ignore_index``), found ahead of time: ``positions`` in the flattened
+    piece, their ``labels`` and how many there are (a 0-dim tensor), all on
+    the device that computes the loss.  The hybrid engine prepares them on
+    the main thread before a step, so the loss needs no ``nonzero`` (a host
+    synchronisation) inside a cell."""
+
+    positions: Tensor
+    labels: Tensor
+    count: Tensor
+
+
+def kept_targets(target: Tensor, ignore_index: Optional[int]) -> KeptTargets:
+    """The positions of ``target`` that count, on ``target``'s device."""
+    target = target.reshape(-1)
+    if ignore_index is None:
+        positions = torch.arange(target.numel(), device=target.device)
+    else:
+        positions = target.ne(ignore_index).nonzero().squeeze(1)
+    return KeptTargets(positions, target.index_select(0, positions),
+                       target.new_full((), positions.numel(), dtype=torch.long))
+
+
 def fused_linear_label_smoothed_ce(
     features: Tensor,
     weight: Tensor,
@@ -85,21 +109,21 @@ def fused_linear_label_smoothed_ce(
     ignore_index: Optional[int],
     chunk_rows: int = 256,
     want_correct: bool = False,
+    kept: Optional[KeptTargets] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Summed ``(loss, nll_loss, n_correct, n_counted)`` of
     ``label_smoothed_nll_loss(log_softmax(features @ weight.T + bias), target)``.
 
     ``features`` ... x D and ``target`` ... of the same leading shape.
-    Positions whose target is ``ignore_index`` are dropped before any work.
+    Positions whose target is ``ignore_index`` are dropped before any work;
+    ``kept`` gives them ready-made (``target`` is then not read).
     """
     features = features.reshape(-1, features.size(-1))
-    target = target.reshape(-1)
-    if ignore_index is not None:
-        keep = target.ne(ignore_index).nonzero().squeeze(1)
-        if keep.numel() < target.numel():
-            features = features.index_select(0, keep)
-            target = target.index_select(0, keep)
+    if kept is None:
+        kept = kept_targets(target, ignore_index)
+    if kept.positions.numel() < features.size(0):
+        features = features.index_select(0, kept.positions)
     loss, nll, correct = FusedLinearLabelSmoothedCE.apply(
-        features, weight, bias, target, float(epsilon), int(chunk_rows), bool(want_correct)
+        features, weight, bias, kept.labels, float(epsilon), int(chunk_rows), bool(want_correct)
     )
-    return loss, nll, correct, torch.tensor(target.numel(), device=target.device)
+    return loss, nll, correct, kept.count

@@ -14,7 +14,7 @@ those of ``label_smoothed_cross_entropy``.
 """
 
 from dataclasses import dataclass, field
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from torch import Tensor
 
-from .fused_output_loss import fused_linear_label_smoothed_ce
+from .fused_output_loss import KeptTargets, fused_linear_label_smoothed_ce
 
 
 @dataclass
@@ -50,19 +50,24 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             raise ValueError(f"--output-loss-chunk-rows must be >= 0, got {output_loss_chunk_rows}")
         self.chunk_rows = output_loss_chunk_rows
 
-    def shard_loss(self, features: Tensor, weight: Tensor, bias: Tensor, target: Tensor) -> Tuple[Tensor, ...]:
+    def shard_loss(self, features: Tensor, weight: Tensor, bias: Tensor, target: Tensor,
+                   kept: Optional[KeptTargets] = None) -> Tuple[Tensor, ...]:
         """Summed ``(loss, nll_loss, n_correct, total)`` of one piece of the
-        batch (some sentences, some target positions)."""
+        batch (some sentences, some target positions).  ``kept``: the
+        positions that count, found ahead (see :class:`KeptTargets`).
+        Nothing here makes the host wait for the device when ``kept`` is
+        given."""
         if self.chunk_rows > 0:
             return fused_linear_label_smoothed_ce(
-                features, weight, bias, target, self.eps, self.padding_idx, self.chunk_rows, self.report_accuracy
+                features, weight, bias, target, self.eps, self.padding_idx, self.chunk_rows, self.report_accuracy,
+                kept=kept,
             )
         lprobs = utils.log_softmax(F.linear(features, weight, bias), dim=-1)
         lprobs = lprobs.reshape(-1, lprobs.size(-1))
         target = target.reshape(-1)
         loss, nll_loss = label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=True)
         mask = target.ne(self.padding_idx)
-        n_correct = torch.sum(lprobs.argmax(1).masked_select(mask).eq(target.masked_select(mask)))
+        n_correct = torch.sum(lprobs.argmax(1).eq(target) & mask)
         return loss, nll_loss, n_correct, torch.sum(mask)
 
     def forward(self, model, sample, reduce=True):

@@ -22,6 +22,13 @@ The cells, each on the device of the plan that owns its parameters:
 ``data`` mode is one whole-model cell per device, each on its batch shard.
 Every cell computes what the single-device model computes for its piece,
 so the step's loss and gradients equal the single-device ones.
+
+Everything a cell reads from the batch (token ids, length order, reversal
+indices, padding masks, target positions that count, dropout masks) is put
+on that cell's device by the calling thread before the step's jobs start
+(:class:`_Batch`), through the engine's one transfer function: a cell never
+copies from the host nor waits for the host, which on GPUs would stall
+every worker.
 """
 
 from __future__ import annotations
@@ -31,13 +38,16 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..criterions.fused_output_loss import KeptTargets, kept_targets
 from ..parallel.batch_shards import batch_slices, sum_on
 from ..parallel.cell_graph import Cell, Work, run_cells
 from ..parallel.device_plan import DevicePlan
 from ..parallel.replicas import Replicas
 from ..parallel.seeded_dropout import given_masks
+from ..parallel.transfer import arrive, to_devices
 from ..parallel.wavefront import Ref
-from ..parallel.worker import worker_group
+from ..parallel.worker import DEFAULT_TIMEOUT, worker_group
+from .lstm_stacks import reversed_positions
 
 # A layer's output: for each time chunk, the refs of the parts that are
 # concatenated along the feature dimension (the two directions of a
@@ -125,6 +135,11 @@ def _masked(masks: Optional[List[Tensor]], run: Callable[..., Sequence[Tensor]])
     return with_masks
 
 
+def _kept_on(target: Tensor, pad: int, device: torch.device) -> KeptTargets:
+    """The positions of ``target`` that count, found here and put on ``device``."""
+    return KeptTargets(*(arrive(t, device) for t in kept_targets(target, pad)))
+
+
 def _join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
     return torch.cat(list(parts), dim=1 if chunked else -1) if len(parts) > 1 else parts[0]
 
@@ -132,45 +147,67 @@ def _join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
 class BuiltStep(NamedTuple):
     step: StepBuilder
     results: List[int]  # the cells whose outputs are the shards' loss sums
-    replicas: Replicas
+    replicas: Replicas  # of the attention-softmax part (data mode: of the whole model)
     replica_workers: List[int]
+    # further replicas and the workers that use them (reverse directions
+    # of bidirectional layers on their partner device)
+    more_replicas: Tuple[Tuple[Replicas, Tuple[int, ...]], ...] = ()
 
 
 def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
-                chunk_length: int) -> Tuple[Tensor, ...]:
+                chunk_length: int, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor, ...]:
     """The summed shard losses of one batch, computed by the cells of the
     ``hybrid`` or ``model`` mode on the plan's workers."""
-    return _run(build_hybrid_step(model, plan, net_input, target, shard_loss, chunk_length))
+    return _run(build_hybrid_step(model, plan, net_input, target, shard_loss, chunk_length), timeout)
 
 
 class _Batch:
     """What every cell builder of one hybrid step needs to know about the
-    batch: the length order of the encoder rows, the time chunks, the batch
-    shards of the attention-softmax part and the dropout masks to take."""
+    batch (the length order of the encoder rows, the time chunks, the batch
+    shards of the attention-softmax part, the dropout masks to take), and
+    the batch's tensors on the devices of the cells that read them."""
 
     def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int):
         encoder = model.encoder.stack
-        self.src_tokens = encoder.right_padded(net_input["src_tokens"])
+        devices = plan.devices
+        src_tokens = encoder.right_padded(net_input["src_tokens"])
+        # Host tensors: packed sequences take their lengths on the host.
         src_lengths = net_input["src_lengths"].cpu()
-        self.prev_output_tokens = net_input["prev_output_tokens"]
-        self.target = target
         self.order = torch.sort(src_lengths, descending=True, stable=True).indices
         self.restore = torch.argsort(self.order)
         self.sorted_lengths = src_lengths[self.order]
+        self.source_width = src_tokens.size(1)
         self.source_tokens = int(self.sorted_lengths.sum())
-        self.padding_mask = self.src_tokens.eq(encoder.padding_idx)
-        self.source_chunks = time_chunks(self.src_tokens.size(1), chunk_length, plan.size)
-        self.target_chunks = time_chunks(self.prev_output_tokens.size(1), chunk_length, plan.size)
+        self.rows = src_tokens.size(0)
+        self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
+        self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
         self.shards = batch_slices(target.size(0), len(plan.shard_workers))
         self.shard_workers = plan.shard_workers[: len(self.shards)]
+        self.shard_devices = [devices[worker] for worker in self.shard_workers]
         self.masks = None
         if getattr(model, "dropout_masks", "per-cell") == "single-device":
-            self.masks = draw_single_device_masks(model, self.src_tokens.size(1), self.prev_output_tokens.size(1),
+            self.masks = draw_single_device_masks(model, self.source_width, net_input["prev_output_tokens"].size(1),
                                                   target.size(0))
 
-    def pick(self, select) -> Optional[List[Tensor]]:
-        """The mask a cell's one dropout call takes, or None (draw its own)."""
-        return None if self.masks is None else [select(self.masks)]
+        # The batch on the devices of the cells that read it.
+        self.sorted_source = arrive(src_tokens.index_select(0, self.order.to(src_tokens.device)),
+                                    plan.encoder_device(0))
+        self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
+        self.restore_on = to_devices(self.restore, devices)
+        self.reversed_positions = to_devices(reversed_positions(self.sorted_lengths, self.source_width), devices)
+        padding_mask = src_tokens.eq(encoder.padding_idx)
+        pad = model.decoder.dictionary.pad()
+        self.padding_masks, self.targets, self.kept = [], [], []
+        for rows, device in zip(self.shards, self.shard_devices):
+            self.padding_masks.append(arrive(padding_mask[rows], device))
+            pieces = [target[rows, chunk] for chunk in self.target_chunks]
+            self.targets.append([arrive(piece, device) for piece in pieces])
+            self.kept.append([_kept_on(piece, pad, device) for piece in pieces])
+
+    def pick(self, select, device: torch.device) -> Optional[List[Tensor]]:
+        """The mask a cell's one dropout call takes, on the cell's device, or
+        None (draw its own)."""
+        return None if self.masks is None else [arrive(select(self.masks), device)]
 
     def source_sizes(self) -> List[int]:
         return [chunk.stop - chunk.start for chunk in self.source_chunks]
@@ -182,50 +219,63 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     fixes their dropout seeds: encoder, its top states, decoder, shards."""
     step = StepBuilder(model, plan)
     batch = _Batch(model, plan, net_input, target, chunk_length)
-    encoder_output, final_states = _add_encoder(step, batch)
+    encoder_output, final_states, direction_replicas = _add_encoder(step, batch)
     encoder_pieces = _add_encoder_top(step, batch, encoder_output)
     decoder_chunks = _add_decoder(step, batch, final_states)
     outputs, replicas = _add_attention_softmax(step, batch, shard_loss, encoder_pieces, decoder_chunks)
-    return BuiltStep(step, outputs, replicas, batch.shard_workers)
+    return BuiltStep(step, outputs, replicas, batch.shard_workers, tuple(direction_replicas))
 
 
-def _add_encoder(step: StepBuilder, batch: _Batch) -> Tuple[LayerOutput, List[Tuple[List[Ref], List[Ref]]]]:
+def _add_encoder(step: StepBuilder, batch: _Batch):
     """Source embedding and encoder layers (rows in length order); returns
-    the top layer's output and every layer's final ``(h, c)`` refs."""
+    the top layer's output, every layer's final ``(h, c)`` refs and the
+    replicas of reverse directions that run away from their layer."""
     encoder, plan = step.model.encoder.stack, step.plan
     order, sorted_lengths, source_chunks = batch.order, batch.sorted_lengths, batch.source_chunks
     pick = batch.pick
 
     def embed_source():
-        x = encoder.embed(batch.src_tokens[order])
+        x = encoder.embed(batch.sorted_source)
         return x.split(batch.source_sizes(), dim=1)
 
     source_tokens = batch.source_tokens
     embedding = step.add("source embedding", plan.encoder[0], [],
-                         _masked(pick(lambda m: m.source[order]), embed_source),
+                         _masked(pick(lambda m: m.source[order], plan.encoder_device(0)), embed_source),
                          Work("embedding", source_tokens, (encoder.embed_tokens.embedding_dim,)))
     below: LayerOutput = [[(embedding, c)] for c in range(len(source_chunks))]
     final_states: List[Tuple[List[Ref], List[Ref]]] = []
+    direction_replicas = []
     count = len(source_chunks)
     for layer, module in enumerate(encoder.layers):
         worker = plan.encoder[layer]
         if module.bidirectional:
             halves = []
             for reverse in (False, True):
-                def run_direction(*parts, layer=layer, reverse=reverse, width=len(below[0])):
+                direction_worker = plan.partner(worker) if reverse else worker
+                device = plan.devices[direction_worker]
+                master = encoder.direction(layer, reverse)
+                replicas = None
+                if direction_worker != worker:
+                    # the direction's weights live with the layer: a replica on the partner
+                    replicas = step.model.direction_replicas(layer, reverse)
+                    direction_replicas.append((replicas, (direction_worker,)))
+
+                def run_direction(*parts, layer=layer, reverse=reverse, width=len(below[0]), master=master,
+                                  replicas=replicas, worker=direction_worker, device=device):
                     x = _join([_join(parts[c * width:(c + 1) * width]) for c in range(count)], chunked=True)
-                    out, h, c = encoder.run_direction(layer, reverse, x, sorted_lengths)
+                    lstm = master if replicas is None else replicas.on(worker, device, step)
+                    positions = batch.reversed_positions[device] if reverse else None
+                    out, h, c = encoder.run_direction(lstm, reverse, x, sorted_lengths, positions)
                     if encoder.has_residual(layer):
                         size = out.size(-1)
                         out = out + x[..., size:] if reverse else out + x[..., :size]
                     out = encoder.dropout(out)
                     return (*out.split(batch.source_sizes(), dim=1), h, c)
 
-                direction_worker = plan.partner(worker) if reverse else worker
                 name = f"encoder layer {layer} {'reverse' if reverse else 'forward'}"
-                work = Work("lstm", source_tokens, (module.input_size, module.hidden_size, batch.src_tokens.size(1)))
+                work = Work("lstm", source_tokens, (module.input_size, module.hidden_size, batch.source_width))
                 half = slice(module.hidden_size, None) if reverse else slice(0, module.hidden_size)
-                mask = pick(lambda m, layer=layer, half=half: m.encoder[layer][order][..., half])
+                mask = pick(lambda m, layer=layer, half=half: m.encoder[layer][order][..., half], device)
                 halves.append(step.add(name, direction_worker, [ref for chunk in below for ref in chunk],
                                        _masked(mask, run_direction), work))
             below = [[(half, c) for half in halves] for c in range(count)]
@@ -242,13 +292,14 @@ def _add_encoder(step: StepBuilder, batch: _Batch) -> Tuple[LayerOutput, List[Tu
                 state_refs = [] if previous is None else [(previous, 1), (previous, 2)]
                 tokens = int((sorted_lengths - chunk.start).clamp(min=0, max=chunk.stop - chunk.start).sum())
                 work = Work("lstm", tokens, (module.input_size, module.hidden_size, chunk.stop - chunk.start))
-                mask = pick(lambda m, layer=layer, chunk=chunk: m.encoder[layer][order][:, chunk])
+                mask = pick(lambda m, layer=layer, chunk=chunk: m.encoder[layer][order][:, chunk],
+                            plan.encoder_device(layer))
                 previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs,
                                     _masked(mask, run_chunk), work)
                 chunk_cells.append(previous)
             below = [[(cell, 0)] for cell in chunk_cells]
             final_states.append(([(previous, 1)], [(previous, 2)]))
-    return below, final_states
+    return below, final_states, direction_replicas
 
 
 def _add_encoder_top(step: StepBuilder, batch: _Batch, below: LayerOutput) -> int:
@@ -257,13 +308,15 @@ def _add_encoder_top(step: StepBuilder, batch: _Batch, below: LayerOutput) -> in
     encoder = step.model.encoder.stack
     count = len(below)
 
+    restore = batch.restore_on[step.plan.encoder_device(len(encoder.layers) - 1)]
+
     def encoder_top(*parts, width=len(below[0])):
         x = _join([_join(parts[c * width:(c + 1) * width]) for c in range(count)], chunked=True)
-        x = x[batch.restore.to(x.device)]
+        x = x[restore]
         return tuple(x[rows] for rows in batch.shards)
 
     return step.add("encoder top states", step.plan.encoder[-1], [ref for chunk in below for ref in chunk],
-                    encoder_top, Work("gather", batch.src_tokens.numel(), (encoder.output_size,)))
+                    encoder_top, Work("gather", batch.rows * batch.source_width, (encoder.output_size,)))
 
 
 def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
@@ -271,8 +324,7 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
     from encoder layer ``l``'s final state.  Returns the top layer's chunk
     cells, whose outputs 2.. are the chunk's rows of each batch shard."""
     decoder, plan = step.model.decoder.stack, step.plan
-    prev_output_tokens, target_chunks, restore, shards = (batch.prev_output_tokens, batch.target_chunks,
-                                                          batch.restore, batch.shards)
+    prev_output_tokens, target_chunks, shards = batch.prev_output_tokens, batch.target_chunks, batch.shards
 
     def embed_target():
         y = decoder.embed(prev_output_tokens)
@@ -280,7 +332,7 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
 
     rows_in_batch = prev_output_tokens.size(0)
     embedding = step.add("target embedding", plan.decoder[0], [],
-                         _masked(batch.pick(lambda m: m.target), embed_target),
+                         _masked(batch.pick(lambda m: m.target, plan.decoder_device(0)), embed_target),
                          Work("embedding", prev_output_tokens.numel(), (decoder.embed_tokens.embedding_dim,)))
     below = [[(embedding, c)] for c in range(len(target_chunks))]
     top_layer = len(decoder.layers) - 1
@@ -296,12 +348,11 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
             else:
                 state_refs = []
 
-            def run_chunk(*args, layer=layer, first=(c == 0)):
+            def run_chunk(*args, layer=layer, first=(c == 0), restore=batch.restore_on[plan.decoder_device(layer)]):
                 x, state = args[0], args[1:]
-                device = x.device
                 if first and state:
                     half = len(state) // 2
-                    h, c = _join(state[:half])[restore.to(device)], _join(state[half:])[restore.to(device)]
+                    h, c = _join(state[:half])[restore], _join(state[half:])[restore]
                     state = decoder.bridge(layer, h, c)
                 elif not state:
                     zeros = x.new_zeros(x.size(0), decoder.hidden_size)
@@ -314,7 +365,8 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
             module = decoder.layers[layer]
             steps = target_chunks[c].stop - target_chunks[c].start
             work = Work("lstm", rows_in_batch * steps, (module.input_size, module.hidden_size, steps))
-            mask = batch.pick(lambda m, layer=layer, chunk=target_chunks[c]: m.decoder[layer][:, chunk])
+            mask = batch.pick(lambda m, layer=layer, chunk=target_chunks[c]: m.decoder[layer][:, chunk],
+                              plan.decoder_device(layer))
             previous = step.add(f"decoder layer {layer} chunk {c}", worker, below[c] + state_refs,
                                 _masked(mask, run_chunk), work)
             chunk_cells.append(previous)
@@ -336,28 +388,28 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
     for k, (rows, worker) in enumerate(zip(batch.shards, batch.shard_workers)):
         device = plan.devices[worker]
         for c, chunk in enumerate(batch.target_chunks):
-            def run_shard(states, encoder_states, worker=worker, rows=rows, chunk=chunk, device=device):
+            def run_shard(states, encoder_states, worker=worker, k=k, c=c, device=device):
                 # The replica is brought up to date on its own worker (on its stream).
                 replica = part if worker == master_worker else replicas.on(worker, device, step)
-                features, _ = replica.features(states, encoder_states, batch.padding_mask[rows].to(device))
-                return shard_loss(features, replica.output_weight, replica.output_bias,
-                                  batch.target[rows, chunk].to(device))
+                features, _ = replica.features(states, encoder_states, batch.padding_masks[k])
+                return shard_loss(features, replica.output_weight, replica.output_bias, batch.targets[k][c],
+                                  batch.kept[k][c])
 
             inputs = [(decoder_chunks[c], 2 + k), (encoder_pieces, k)]
             work = Work("attention_softmax", (rows.stop - rows.start) * (chunk.stop - chunk.start),
                         (decoder.hidden_size, encoder.output_size, part.output_weight.size(1),
-                         part.output_weight.size(0), batch.src_tokens.size(1)))
-            mask = batch.pick(lambda m, rows=rows, chunk=chunk: m.features[rows, chunk])
+                         part.output_weight.size(0), batch.source_width))
+            mask = batch.pick(lambda m, rows=rows, chunk=chunk: m.features[rows, chunk], device)
             outputs.append(step.add(f"attention-softmax shard {k} chunk {c}", worker, inputs,
                                     _masked(mask, run_shard), work))
     return outputs, replicas
 
 
 def data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
-                       shard_loss) -> Tuple[Tensor, ...]:
+                       shard_loss, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor, ...]:
     """Pure data parallelism inside one process: a whole-model replica per
     device, each on a contiguous batch shard."""
-    return _run(build_data_parallel_step(model, plan, net_input, target, shard_loss))
+    return _run(build_data_parallel_step(model, plan, net_input, target, shard_loss), timeout)
 
 
 def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
@@ -369,29 +421,41 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
     if getattr(model, "dropout_masks", "per-cell") == "single-device":
         masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
                                          net_input["prev_output_tokens"].size(1), target.size(0))
+    pad = model.decoder.dictionary.pad()
     outputs = []
     for worker, rows in enumerate(shards):
         device = plan.devices[worker]
+        # The shard on its device, before the jobs start.
+        # (source lengths stay on the host, where packing reads them)
+        shard_input = {key: value[rows].cpu() if key == "src_lengths" else arrive(value[rows], device)
+                       for key, value in net_input.items() if torch.is_tensor(value)}
+        shard_target = arrive(target[rows], device)
+        kept = _kept_on(target[rows], pad, device)
 
-        def run_shard(worker=worker, rows=rows, device=device):
+        def run_shard(worker=worker, device=device, shard_input=shard_input, shard_target=shard_target, kept=kept):
             replica = model if worker == 0 else replicas.on(worker, device, step)
-            shard_input = {key: value[rows].to(device) for key, value in net_input.items() if torch.is_tensor(value)}
             rnn_out = replica.forward_rnn(**shard_input)
             part = replica.decoder.attention_softmax
             features, _ = part.features(*rnn_out)
-            return shard_loss(features, part.output_weight, part.output_bias, target[rows].to(device))
+            return shard_loss(features, part.output_weight, part.output_bias, shard_target, kept)
 
         work = Work("whole_model", rows.stop - rows.start, (rows.start, rows.stop))
-        shard_masks = None if masks is None else masks.in_order(rows)
+        shard_masks = None if masks is None else [arrive(mask, device) for mask in masks.in_order(rows)]
         outputs.append(step.add(f"whole-model shard {worker}", worker, [], _masked(shard_masks, run_shard), work))
     return BuiltStep(step, outputs, replicas, list(range(len(shards))))
 
 
-def _run(built: BuiltStep) -> Tuple[Tensor, ...]:
+def _run(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor, ...]:
     """Run the cells; return the shards' results added on the first shard's
     device.  After the backward pass the replicas' gradients go to the
     master parameters."""
-    step, replicas, workers = built.step, built.replicas, built.replica_workers
-    results = run_cells(step.cells, worker_group(step.devices), built.results,
-                        after_backward=lambda: replicas.reduce(workers))
+    step = built.step
+    reductions = ((built.replicas, tuple(built.replica_workers)),) + built.more_replicas
+
+    def reduce():
+        for replicas, workers in reductions:
+            replicas.reduce(list(workers))
+
+    results = run_cells(step.cells, worker_group(step.devices), built.results, after_backward=reduce,
+                        timeout=timeout)
     return sum_on(results, results[0][0].device)

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..parallel.device_plan import MODES, DevicePlan, DevicePlanError, build_plan, parse_devices, plan_table
 from ..parallel.replicas import Replicas
+from ..parallel.worker import DEFAULT_TIMEOUT
 from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
 from .hybrid_cells import data_parallel_step, hybrid_step
 from .lstm_stacks import LSTMDecoderStack, LSTMEncoderStack
@@ -104,6 +105,13 @@ class HybridLSTMConfig(FairseqDataclass):
             "help": "per-cell: each cell draws its dropout masks from its own seeded generator, in parallel; "
             "single-device: the group draws exactly the masks the single-device model would draw (from torch's "
             "global generator, one after another) so it trains exactly like one device, dropout included"
+        },
+    )
+    hybrid_timeout: float = field(
+        default=DEFAULT_TIMEOUT,
+        metadata={
+            "help": "seconds a hybrid group may take for the forward or the backward pass of one batch before "
+            "training stops with an error naming the device and the cell it is stuck in"
         },
     )
     hybrid_mode: ChoiceEnum(MODES) = field(
@@ -240,6 +248,7 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         self.plan: Optional[DevicePlan] = None
         self.chunk_length = 0
         self.dropout_masks = "per-cell"
+        self.timeout = DEFAULT_TIMEOUT
         # Replicas for batch shards on other devices (see parallel/replicas.py);
         # plain attributes, so they are neither parameters nor saved.
         self._replicas: Dict[str, Replicas] = {}
@@ -261,9 +270,12 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
             )
             if cfg.hybrid_chunk_length < 0:
                 raise DevicePlanError(f"--hybrid-chunk-length must be >= 0, got {cfg.hybrid_chunk_length}")
+            if not cfg.hybrid_timeout > 0:
+                raise DevicePlanError(f"--hybrid-timeout must be > 0 seconds, got {cfg.hybrid_timeout}")
             model.place(plan)
             model.chunk_length = cfg.hybrid_chunk_length
             model.dropout_masks = cfg.hybrid_dropout_masks
+            model.timeout = float(cfg.hybrid_timeout)
             logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, model.placement_table())
         elif cfg.hybrid_placement or getattr(cfg, "hybrid_cost_model", ""):
             raise ValueError("--hybrid-placement and --hybrid-cost-model need --hybrid-devices")
@@ -379,13 +391,22 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         if self.plan is None:
             return self.attention_softmax_loss(self.forward_rnn(**net_input), target, shard_loss)
         if self.plan.mode == "data":
-            return data_parallel_step(self, self.plan, net_input, target, shard_loss)
-        return hybrid_step(self, self.plan, net_input, target, shard_loss, self.chunk_length)
+            return data_parallel_step(self, self.plan, net_input, target, shard_loss, self.timeout)
+        return hybrid_step(self, self.plan, net_input, target, shard_loss, self.chunk_length, self.timeout)
 
     def attention_softmax_replicas(self) -> Replicas:
         if "attention_softmax" not in self._replicas:
             self._replicas["attention_softmax"] = Replicas(self.decoder.attention_softmax)
         return self._replicas["attention_softmax"]
+
+    def direction_replicas(self, layer: int, reverse: bool) -> Replicas:
+        """Replicas of one direction of a bidirectional encoder layer (the
+        engine runs the reverse direction on the layer's partner device)."""
+        master = self.encoder.stack.direction(layer, reverse)
+        key = f"encoder layer {layer} {'reverse' if reverse else 'forward'}"
+        if key not in self._replicas or self._replicas[key].master is not master:
+            self._replicas[key] = Replicas(master)
+        return self._replicas[key]
 
     def whole_model_replicas(self) -> Replicas:
         """Replicas of the whole model, without a plan (data mode)."""

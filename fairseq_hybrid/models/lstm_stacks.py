@@ -100,10 +100,10 @@ class LSTMEncoderStack(nn.Module):
         self.residual = residual
         self.dropout = SeededDropout(dropout)
         self.output_size = self.sizes[-1][1]
-        # One plain LSTM per direction of each bidirectional layer, holding no
-        # parameters of its own: the hybrid engine runs the two directions on
-        # two devices with the layer's parameters (see ``run_direction``).
-        self._direction_templates = {}
+        # One unidirectional LSTM per direction of each bidirectional layer,
+        # sharing the layer's Parameter objects (see ``direction``); a plain
+        # attribute, so nothing new appears in checkpoints.
+        self._directions: Dict[Tuple[int, bool], nn.LSTM] = {}
 
     def has_residual(self, index: int) -> bool:
         return self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]
@@ -162,23 +162,40 @@ class LSTMEncoderStack(nn.Module):
             outputs = outputs + inputs
         return self.dropout(outputs), h, c
 
-    def run_direction(self, index: int, reverse: bool, inputs: Tensor, sorted_lengths: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """One direction of the bidirectional layer ``index`` over the whole
-        ``inputs`` B x S x C (rows sorted by length, longest first): outputs
-        B x S x H and final ``h``, ``c`` B x H, as the layer's own halves.
-        The reverse direction is the forward recurrence over each sentence
-        reversed in place (padding stays at the end)."""
+    def direction(self, index: int, reverse: bool) -> nn.LSTM:
+        """One direction of the bidirectional layer ``index`` as a
+        unidirectional batch-first ``nn.LSTM`` whose parameters *are* the
+        layer's (the same Parameter objects: gradients land on the layer,
+        and nothing is copied or re-flattened per call).  The hybrid engine
+        runs the two directions as two cells, the reverse one on another
+        device through a replica of this module."""
         layer = self.layers[index]
-        key = (index, reverse)
-        if key not in self._direction_templates:
-            self._direction_templates[key] = nn.LSTM(layer.input_size, layer.hidden_size, batch_first=True)
         suffix = "_reverse" if reverse else ""
-        weights = {name: getattr(layer, name + suffix) for name in LSTM_PARAMETERS}
+        module = self._directions.get((index, reverse))
+        if module is None or module.weight_ih_l0 is not getattr(layer, "weight_ih_l0" + suffix):
+            with torch.device("meta"):
+                module = nn.LSTM(layer.input_size, layer.hidden_size, batch_first=True)
+            for name in LSTM_PARAMETERS:
+                setattr(module, name, getattr(layer, name + suffix))
+            self._directions[(index, reverse)] = module
+        return module
+
+    def run_direction(self, module: nn.LSTM, reverse: bool, inputs: Tensor, sorted_lengths: Tensor,
+                      positions: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+        """One direction (``module``, from :meth:`direction` or a replica of
+        it) of a bidirectional layer over the whole ``inputs`` B x S x C
+        (rows sorted by length, longest first): outputs B x S x H and final
+        ``h``, ``c`` B x H, as the layer's own halves.  The reverse
+        direction is the forward recurrence over each sentence reversed in
+        place (padding stays at the end); ``positions`` are
+        ``reversed_positions(sorted_lengths, S)`` on ``inputs``' device,
+        made here when not given."""
         if reverse:
-            positions = reversed_positions(sorted_lengths, inputs.size(1)).to(inputs.device)
+            if positions is None:
+                positions = reversed_positions(sorted_lengths, inputs.size(1)).to(inputs.device)
             inputs = inputs.gather(1, positions.unsqueeze(-1).expand_as(inputs))
         packed = pack_padded_sequence(inputs, sorted_lengths, batch_first=True, enforce_sorted=True)
-        packed_out, (h, c) = torch.func.functional_call(self._direction_templates[key], weights, (packed,))
+        packed_out, (h, c) = module(packed)
         outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=inputs.size(1))
         if reverse:
             outputs = outputs.gather(1, positions.unsqueeze(-1).expand_as(outputs))

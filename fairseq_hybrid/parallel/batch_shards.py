@@ -13,6 +13,8 @@ from typing import List, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .transfer import arrive
+
 
 def batch_slices(batch_size: int, count: int) -> List[slice]:
     """``count`` contiguous, near-equal slices of ``range(batch_size)``; a
@@ -29,7 +31,7 @@ def batch_slices(batch_size: int, count: int) -> List[slice]:
 
 def sum_on(results: Sequence[Tuple[Tensor, ...]], device: torch.device) -> Tuple[Tensor, ...]:
     """Element-wise sum of the shards' result tuples, on ``device``."""
-    total = [value.to(device) for value in results[0]]
+    total = [arrive(value, device) for value in results[0]]
     for result in results[1:]:
-        total = [acc + value.to(device) for acc, value in zip(total, result)]
+        total = [acc + arrive(value, device) for acc, value in zip(total, result)]
     return tuple(total)

@@ -16,7 +16,16 @@ reverse wavefront, so the trainer's ``loss.backward()`` drives it unchanged.
 Parameters receive their gradients directly from the cells' backward calls.
 
 On CUDA each worker has a stream; a cell records an event after it runs and
-every reader waits for that event before using the output.
+every reader waits for that event before using the output
+(:mod:`.transfer`).  CUDA backward normally runs on one autograd thread
+per device, and the trainer's ``loss.backward()`` reaches this graph's
+boundary on the autograd thread of the loss's device, where it waits for
+the workers; a worker's own ``torch.autograd.backward`` would queue its
+CUDA nodes to those same (blocked) device threads and never return.  Each
+worker therefore runs its cells' backward with autograd's multithreading
+off, which makes the calling thread execute the whole graph itself
+(``Engine::ready_queue`` in ``torch/csrc/autograd/engine.cpp`` returns the
+caller's CPU queue when ``get_multithreading_enabled()`` is false).
 """
 
 from __future__ import annotations
@@ -30,9 +39,11 @@ from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequenc
 import torch
 from torch import Tensor
 
+from . import thread_state
 from .seeded_dropout import cell_generator
+from .transfer import arrive, record_event
 from .wavefront import CellSpec, Ref, worker_orders
-from .worker import Aborted, WorkerGroup
+from .worker import DEFAULT_TIMEOUT, Aborted, WorkerGroup, current_worker
 
 
 class Work(NamedTuple):
@@ -99,8 +110,9 @@ class CellGraph:
     MAIN = 1 << 30  # the consumer id of gradients that come from outside the graph
 
     def __init__(self, cells: Sequence[Cell], group: WorkerGroup, seed: int,
-                 after_backward: Callable[[], None] = lambda: None):
+                 after_backward: Callable[[], None] = lambda: None, timeout: float = DEFAULT_TIMEOUT):
         self.cells = list(cells)
+        self.timeout = timeout
         self.after_backward = after_backward
         self.group = group
         self.seed = seed
@@ -123,13 +135,15 @@ class CellGraph:
     # -- running -----------------------------------------------------------
 
     def forward(self) -> None:
-        self.group.run([partial(self._run_forward, order) for order in self.orders], on_error=self._abort)
+        self.group.run([partial(self._run_forward, order) for order in self.orders], on_error=self._abort,
+                       timeout=self.timeout)
 
     def backward(self, refs: Sequence[Ref], grads: Sequence[Optional[Tensor]]) -> None:
         for ref, grad in zip(refs, grads):
             if grad is not None:
                 self.grads.setdefault(ref, {})[self.MAIN] = (grad, None)
-        self.group.run([partial(self._run_backward, order[::-1]) for order in self.orders], on_error=self._abort)
+        self.group.run([partial(self._run_backward, order[::-1]) for order in self.orders], on_error=self._abort,
+                       timeout=self.timeout)
         self.after_backward()
 
     def output(self, ref: Ref) -> Tensor:
@@ -140,7 +154,10 @@ class CellGraph:
         for event in self.forward_done + self.backward_done:
             event.set()
 
-    def _wait(self, event: threading.Event) -> None:
+    def _wait(self, event: threading.Event, what: str) -> None:
+        worker = current_worker()
+        if worker is not None and not event.is_set():
+            worker.activity = what
         event.wait()
         if self.aborted:
             raise Aborted("stopped because another worker of the group failed")
@@ -156,20 +173,22 @@ class CellGraph:
         device = self.group.devices[cell.worker]
         grad_enabled = torch.is_grad_enabled()
         leaves = []
+        worker = current_worker()
         for producer, position in cell.inputs:
-            self._wait(self.forward_done[producer])
+            self._wait(self.forward_done[producer], f"{cell.name} (forward), waiting for {self.cells[producer].name}")
             value = self.outputs[producer][position]
-            leaf = _arrive(value.detach(), device, self.events[producer])
+            leaf = arrive(value.detach(), device, self.events[producer])
             if grad_enabled and value.requires_grad:
                 leaf.requires_grad_()
             leaves.append(leaf)
         start = time.perf_counter()
-        with _naming_out_of_memory(cell, "forward", device), cell_generator(self.seed + index, device):
+        with _running(worker, cell, "forward"), _naming_out_of_memory(cell, "forward", device), \
+                cell_generator(self.seed + index, device):
             outputs = tuple(cell.run(*leaves))
         _note(cell, "forward", start)
         self.leaves[index] = leaves if grad_enabled else None
         self.outputs[index] = outputs
-        self.events[index] = _record(device)
+        self.events[index] = record_event(device)
         self.forward_done[index].set()
 
     def _run_backward(self, order: List[int]) -> None:
@@ -179,8 +198,10 @@ class CellGraph:
     def _backward_cell(self, index: int) -> None:
         cell = self.cells[index]
         device = self.group.devices[cell.worker]
+        worker = current_worker()
         for consumer in self.consumers[index]:
-            self._wait(self.backward_done[consumer])
+            self._wait(self.backward_done[consumer],
+                       f"{cell.name} (backward), waiting for {self.cells[consumer].name}")
         roots, root_grads = [], []
         for position, value in enumerate(self.outputs[index]):
             received = self.grads.pop((index, position), None)
@@ -189,18 +210,20 @@ class CellGraph:
             total = None
             for consumer in sorted(received):  # a fixed order: the same sum in every run
                 grad, event = received[consumer]
-                grad = _arrive(grad, device, event)
+                grad = arrive(grad, device, event)
                 total = grad if total is None else total + grad
             roots.append(value)
             root_grads.append(total)
         start = time.perf_counter()
         if roots:
-            with _naming_out_of_memory(cell, "backward", device):
+            # this thread runs the whole backward itself (see the module docstring)
+            with _running(worker, cell, "backward"), _naming_out_of_memory(cell, "backward", device), \
+                    torch.autograd.set_multithreading_enabled(False):
                 torch.autograd.backward(roots, root_grads)
         _note(cell, "backward", start)
         for leaf, ref in zip(self.leaves[index] or [], cell.inputs):
             if leaf.requires_grad and leaf.grad is not None:
-                self.grads.setdefault(ref, {})[index] = (leaf.grad, _record(device))
+                self.grads.setdefault(ref, {})[index] = (leaf.grad, record_event(device))
         self.leaves[index] = None
         self.outputs[index] = None
         self.backward_done[index].set()
@@ -210,6 +233,20 @@ class DeviceOutOfMemory(RuntimeError):
     """Out of memory on one device of a group, naming the device, the part
     of the model and what the device held.  The text keeps "out of memory",
     which fairseq's trainer looks for to skip the batch."""
+
+
+@contextmanager
+def _running(worker, cell: Cell, phase: str) -> Iterator[None]:
+    """Tell the worker (its timeout message, the virtual-device harness)
+    which cell it is running."""
+    if worker is None:
+        yield
+        return
+    worker.cell, worker.activity = cell.name, f"{cell.name} ({phase})"
+    try:
+        yield
+    finally:
+        worker.cell = None
 
 
 @contextmanager
@@ -225,25 +262,6 @@ def _naming_out_of_memory(cell: Cell, phase: str, device: torch.device) -> Itera
         raise DeviceOutOfMemory(f"out of memory on {device} in {cell.name} ({phase}); {held}: {error}") from error
 
 
-def _record(device: torch.device):
-    """An event after the work queued so far on ``device`` (None on CPU)."""
-    if device.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    return event
-
-
-def _arrive(value: Tensor, device: torch.device, event) -> Tensor:
-    """``value`` (made by another worker) ready for use on ``device``."""
-    if event is not None:
-        torch.cuda.current_stream(device).wait_event(event)
-        if value.device != device:
-            torch.cuda.current_stream(value.device).wait_event(event)
-        value.record_stream(torch.cuda.current_stream(device))
-    return value.to(device, non_blocking=True) if value.device != device else value
-
-
 class _Boundary(torch.autograd.Function):
     """Outputs of a cell graph as ordinary autograd tensors; their backward
     runs the graph's reverse wavefront."""
@@ -251,24 +269,28 @@ class _Boundary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph: CellGraph, refs: Sequence[Ref], anchor: Tensor):
         ctx.graph, ctx.refs = graph, refs
+        ctx.state = thread_state.capture()
         ctx.set_materialize_grads(False)
         return tuple(graph.output(ref).detach().view_as(graph.output(ref)) for ref in refs)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.graph.backward(ctx.refs, grads)
+        with thread_state.extras_entered(ctx.state):
+            ctx.graph.backward(ctx.refs, grads)
         return None, None, None
 
 
 def run_cells(
-    cells: Sequence[Cell], group: WorkerGroup, results: Sequence[int], after_backward: Callable[[], None] = lambda: None
+    cells: Sequence[Cell], group: WorkerGroup, results: Sequence[int], after_backward: Callable[[], None] = lambda: None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> List[Tuple[Tensor, ...]]:
     """Run ``cells`` on ``group`` and return the outputs of the cells
     ``results``.  Under grad mode their floating-point outputs carry the
     graph's backward, after which ``after_backward`` runs (on the caller's
-    thread, once every worker is done)."""
+    thread, once every worker is done).  A phase that takes longer than
+    ``timeout`` seconds raises :class:`.worker.WorkerTimeout`."""
     seed = int(torch.randint(0, 1 << 62, ()).item()) if torch.is_grad_enabled() else 0
-    graph = CellGraph(cells, group, seed, after_backward)
+    graph = CellGraph(cells, group, seed, after_backward, timeout)
     graph.forward()
     refs = [(cell, position) for cell in results for position in range(len(graph.outputs[cell]))]
     if not torch.is_grad_enabled():

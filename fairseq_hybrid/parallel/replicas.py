@@ -1,12 +1,21 @@
-"""Replicas of a module for the data-parallel parts of a hybrid step.
+"""Replicas of a module for the parts of a hybrid step that run on a
+device other than the module's own.
 
-A batch shard that runs on another worker than the master module gets a
-replica: a copy of the module whose parameters share the master's storage
-where the device is the same (every CPU device, or virtual devices on one
-GPU) and hold a fresh copy of the master's values otherwise.  Each replica
-collects its own ``.grad`` during its worker's backward, and
+Batch shards of the attention-softmax part (and of the whole model in
+``data`` mode) run on every worker, and the reverse direction of a
+bidirectional layer runs on the layer's partner device; each such worker
+gets a replica: a copy of the module whose parameters share the master's
+storage where the device is the same (every plain CPU device, or virtual
+devices on one GPU) and hold a fresh copy of the master's values
+otherwise, made through :func:`.transfer.arrive` (on CUDA on the worker's
+own copy stream, so the workers' copies do not queue behind each other).
+
+Each replica collects its own ``.grad`` during its worker's backward, and
 :meth:`Replicas.reduce` adds them into the master's gradients in worker
-order, once every worker is done, so the sum is the same in every run.
+order, once every worker is done, so the sum is the same in every run.  A
+replica brought up to date for a new step starts without gradients, so a
+step that failed half-way (fairseq skips a batch that ran out of memory and
+goes on) leaves nothing behind for the next one.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from typing import Callable, Dict, List
 
 import torch
 import torch.nn as nn
+
+from .transfer import arrive
 
 
 class Replicas:
@@ -27,22 +38,24 @@ class Replicas:
 
     def on(self, worker: int, device: torch.device, step: object = None) -> nn.Module:
         """The replica for ``worker`` on ``device``, up to date with the
-        master's parameters and its train/eval mode (brought up to date once
-        per ``step`` when one is given)."""
+        master's parameters and its train/eval mode (brought up to date, and
+        its gradients cleared, once per ``step`` when one is given)."""
         replica = self.copies.get(worker)
         if replica is None:
             replica = self.copies[worker] = self.make_copy(self.master)
         elif step is not None and self.refreshed.get(worker) is step:
             return replica
         self.refreshed[worker] = step
-        for master, param in zip(self.master.parameters(), replica.parameters()):
-            if master.device == device:
-                if param.data_ptr() != master.data_ptr() or param.dtype != master.dtype or param.shape != master.shape:
-                    param.data = master.data
-            elif param.device != device or param.dtype != master.dtype:
-                param.data = master.data.to(device)
-            else:
-                param.data.copy_(master.data, non_blocking=True)
+        with torch.no_grad():
+            for master, param in zip(self.master.parameters(), replica.parameters()):
+                param.grad = None
+                if master.device == device:
+                    if param.data_ptr() != master.data_ptr() or param.dtype != master.dtype or param.shape != master.shape:
+                        param.data = master.data
+                else:
+                    param.data = arrive(master.data, device)
+        if isinstance(replica, nn.RNNBase):
+            replica.flatten_parameters()  # one cuDNN weight buffer again (a no-op on CPU)
         replica.train(self.master.training)
         return replica
 
@@ -56,6 +69,6 @@ class Replicas:
             for master, param in zip(self.master.parameters(), replica.parameters()):
                 if param.grad is None:
                     continue
-                grad = param.grad.to(master.device)
+                grad = arrive(param.grad, master.device)
                 master.grad = grad.clone() if master.grad is None else master.grad.add_(grad)
                 param.grad = None

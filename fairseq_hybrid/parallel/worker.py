@@ -4,29 +4,60 @@ The devices of a group must really run at the same time, forward and
 backward.  A worker is a long-lived thread that owns one device: on a CPU
 device it runs with one intra-op thread (so K CPU devices use K cores, which
 is how the scheme runs and is measured without a GPU); on a CUDA device it
-runs on a stream of its own.  The main thread hands each worker one job per
-phase and waits for all of them, like ``spawn_workers`` in
-kakaobrain/torchgpipe ``worker.py``.
+makes that device current and runs on a stream of its own.  The main thread
+hands each worker one job per phase and waits for all of them, like
+``spawn_workers`` in kakaobrain/torchgpipe ``worker.py``.
 
-Thread-local state that a job depends on (grad mode) is carried from the
-caller into the job.  A job that raises makes :meth:`WorkerGroup.run` raise
-the same exception in the caller, naming the device.
+Thread-local state that a job depends on (grad mode, autocast, see
+:mod:`.thread_state`) is captured on the caller and entered in the job.
+Nothing may leave the caller waiting forever:
+
+* a job that raises makes :meth:`WorkerGroup.run` raise the same exception
+  in the caller, naming the device;
+* a worker whose start-up fails (``torch.cuda.set_device``, stream
+  creation) answers every job with that failure;
+* a job that does not return within the group's timeout
+  (``--hybrid-timeout``) makes the caller raise :class:`WorkerTimeout`,
+  naming the device, what it was doing and where its thread stands.
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+import time
+import traceback
 from contextlib import nullcontext
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import thread_state
+
 Job = Callable[[], object]
+
+DEFAULT_TIMEOUT = 1800.0  # seconds; --hybrid-timeout
 
 
 class WorkerError(RuntimeError):
     """A job failed on one device of a hybrid group."""
+
+
+class WorkerTimeout(WorkerError):
+    """A job did not finish within the group's timeout."""
+
+
+class Aborted(RuntimeError):
+    """Raised in a worker that was waiting on another worker's failed job."""
+
+
+_local = threading.local()
+
+
+def current_worker() -> Optional["Worker"]:
+    """The worker whose thread this is (None on any other thread)."""
+    return getattr(_local, "worker", None)
 
 
 class Worker:
@@ -36,31 +67,51 @@ class Worker:
         self.index = index
         self.device = device
         self.jobs: "queue.Queue" = queue.Queue()
+        self.activity = "idle"  # what the worker is doing, for timeout messages
+        self.cell: Optional[str] = None  # the cell it runs, when it runs one
+        self.stream = None
         self.thread = threading.Thread(target=self._loop, name=f"hybrid worker {index} ({device})", daemon=True)
         self.thread.start()
 
-    def _loop(self) -> None:
+    def _start(self) -> None:
+        _local.worker = self
         if self.device.type == "cpu":
             torch.set_num_threads(1)  # per thread with OpenMP: this worker uses one core
-            stream = None
         else:
             torch.cuda.set_device(self.device)
-            stream = torch.cuda.Stream(self.device)
+            self.stream = torch.cuda.Stream(self.device)
+
+    def _loop(self) -> None:
+        try:
+            self._start()
+            startup_error = None
+        except BaseException as error:  # every job is answered with it: never a silent hang
+            startup_error = error
         while True:
-            job, grad_enabled, results = self.jobs.get()
+            job, state, results = self.jobs.get()
+            if startup_error is not None:
+                results.put((self.index, False, RuntimeError(f"could not start a worker on {self.device}: "
+                                                             f"{startup_error}")))
+                continue
             try:
-                with torch.set_grad_enabled(grad_enabled), (
-                    torch.cuda.stream(stream) if stream is not None else nullcontext()
-                ):
-                    if stream is not None:
+                self.activity = "running a job"
+                with state.entered(), (torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()):
+                    if self.stream is not None:
                         # Work the caller queued on the device comes first.
-                        stream.wait_stream(torch.cuda.default_stream(self.device))
+                        self.stream.wait_stream(torch.cuda.default_stream(self.device))
                     value = job()
-                    if stream is not None:
-                        torch.cuda.default_stream(self.device).wait_stream(stream)
+                    if self.stream is not None:
+                        torch.cuda.default_stream(self.device).wait_stream(self.stream)
                 results.put((self.index, True, value))
             except BaseException as error:  # handed to the caller, never lost
                 results.put((self.index, False, error))
+            finally:
+                self.activity, self.cell = "idle", None
+
+    def stack(self) -> str:
+        """Where this worker's thread stands now."""
+        frame = sys._current_frames().get(self.thread.ident)
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(thread not running)\n"
 
 
 class WorkerGroup:
@@ -71,24 +122,35 @@ class WorkerGroup:
         self.devices = list(devices)
         self.workers = [Worker(index, device) for index, device in enumerate(self.devices)]
         self.lock = threading.Lock()
+        self.broken = False
 
-    def run(self, jobs: Sequence[Job], on_error: Callable[[], None] = lambda: None) -> List[object]:
+    def run(self, jobs: Sequence[Optional[Job]], on_error: Callable[[], None] = lambda: None,
+            timeout: float = DEFAULT_TIMEOUT) -> List[object]:
         """Run ``jobs[i]`` on worker ``i`` (``None``: nothing for it), all at
         once; return their results.  When a job fails, ``on_error`` is called
         (to wake workers waiting on its results) and its exception is raised
-        once every job has returned."""
+        once every job has returned.  When ``timeout`` seconds pass first,
+        :class:`WorkerTimeout` is raised and the group is marked broken
+        (:func:`worker_group` then starts a new one)."""
         with self.lock:
+            if self.broken:
+                raise WorkerError("this hybrid worker group timed out before and cannot run again")
             results: "queue.Queue" = queue.Queue()
-            grad_enabled = torch.is_grad_enabled()
-            started = 0
+            state = thread_state.capture()
+            pending = set()
             for worker, job in zip(self.workers, jobs):
                 if job is not None:
-                    worker.jobs.put((job, grad_enabled, results))
-                    started += 1
+                    worker.jobs.put((job, state, results))
+                    pending.add(worker.index)
             values: Dict[int, object] = {}
             failures: List[Tuple[int, BaseException]] = []
-            for _ in range(started):
-                index, ok, value = results.get()
+            deadline = time.monotonic() + timeout
+            while pending:
+                try:
+                    index, ok, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    self._time_out(sorted(pending), timeout, on_error)
+                pending.discard(index)
                 if ok:
                     values[index] = value
                 else:
@@ -96,14 +158,22 @@ class WorkerGroup:
                         on_error()
                     failures.append((index, value))
             if failures:
-                first = min(failures, key=lambda failure: isinstance(failure[1], Aborted))
-                index, error = first
+                index, error = min(failures, key=lambda failure: isinstance(failure[1], Aborted))
                 raise WorkerError(f"hybrid worker {index} ({self.devices[index]}) failed: {error}") from error
             return [values.get(index) for index in range(len(self.workers))]
 
-
-class Aborted(RuntimeError):
-    """Raised in a worker that was waiting on another worker's failed job."""
+    def _time_out(self, stuck: List[int], timeout: float, on_error: Callable[[], None]) -> None:
+        self.broken = True
+        reports = [f"hybrid worker {index} ({self.devices[index]}) is still in {self.workers[index].activity}"
+                   for index in stuck]
+        stacks = "".join(f"\n--- hybrid worker {index} ({self.devices[index]}) ---\n{self.workers[index].stack()}"
+                         for index in stuck)
+        on_error()  # wake the workers that wait on the stuck ones
+        with _groups_lock:
+            for key, group in list(_groups.items()):
+                if group is self:
+                    del _groups[key]
+        raise WorkerTimeout(f"{'; '.join(reports)} after {timeout:g} s (--hybrid-timeout){stacks}")
 
 
 _groups: Dict[Tuple[str, ...], WorkerGroup] = {}

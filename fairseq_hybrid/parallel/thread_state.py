@@ -1,0 +1,81 @@
+"""The caller's thread-local state, carried into a worker's job.
+
+Grad mode, autocast and the current CUDA device are per thread in PyTorch,
+so a job that a worker thread runs for the caller would silently run
+without them: under fairseq's ``--amp`` (``torch.autocast`` entered by the
+task on the calling thread) every cell would compute in fp32.  The caller
+therefore captures its state when it hands out jobs, and every job runs
+inside it.
+
+Other modules may add state of their own with :func:`register` (the
+virtual-device harness does: its dispatch modes are per thread too).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Callable, ContextManager, Iterator, List, NamedTuple, Optional, Tuple
+
+import torch
+
+# A capture hook runs on the calling thread and returns what to enter on
+# the worker (or None for nothing).
+CaptureHook = Callable[[], Optional[Callable[[], ContextManager]]]
+_hooks: List[CaptureHook] = []
+
+AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def register(hook: CaptureHook) -> None:
+    if hook not in _hooks:
+        _hooks.append(hook)
+
+
+def unregister(hook: CaptureHook) -> None:
+    if hook in _hooks:
+        _hooks.remove(hook)
+
+
+class Autocast(NamedTuple):
+    device_type: str
+    dtype: torch.dtype
+    cache_enabled: bool
+
+
+class ThreadState(NamedTuple):
+    grad_enabled: bool
+    autocast: Tuple[Autocast, ...]
+    extras: Tuple[Callable[[], ContextManager], ...]
+
+    @contextmanager
+    def entered(self) -> Iterator[None]:
+        with ExitStack() as stack:
+            stack.enter_context(torch.set_grad_enabled(self.grad_enabled))
+            for state in self.autocast:
+                stack.enter_context(torch.autocast(state.device_type, dtype=state.dtype,
+                                                   cache_enabled=state.cache_enabled))
+            for enter in self.extras:
+                stack.enter_context(enter())
+            yield
+
+
+@contextmanager
+def extras_entered(state: ThreadState) -> Iterator[None]:
+    """Only the registered extras of ``state`` (for Python code that autograd
+    runs in a backward pass, where grad mode and autocast are autograd's)."""
+    with ExitStack() as stack:
+        for enter in state.extras:
+            stack.enter_context(enter())
+        yield
+
+
+def capture() -> ThreadState:
+    """The calling thread's state, to be entered by :meth:`ThreadState.entered`
+    on another thread."""
+    autocast = tuple(
+        Autocast(device_type, torch.get_autocast_dtype(device_type), torch.is_autocast_cache_enabled())
+        for device_type in AUTOCAST_DEVICE_TYPES
+        if torch.is_autocast_enabled(device_type)
+    )
+    extras = tuple(enter for enter in (hook() for hook in _hooks) if enter is not None)
+    return ThreadState(torch.is_grad_enabled(), autocast, extras)
