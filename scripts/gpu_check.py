@@ -85,8 +85,8 @@ def phase_precision(args, result):
     group = ",".join(devices_for(args.device, count, 2))
     runs = {}
     for precision in ("fp32", "bf16", "amp", "fp16"):
-        if args.device == "cpu" and precision in ("amp", "fp16"):
-            runs[precision] = {"skipped": "needs CUDA"}
+        if args.device == "cpu" and precision != "fp32":
+            runs[precision] = {"skipped": "needs CUDA (fairseq takes --bf16 without CUDA for a TPU run)"}
             continue
         flags = [] if precision == "fp32" else [f"--{precision}"]
         for side, extra in (("one device", []), (f"group {group}", ["--hybrid-devices", group])):
@@ -159,7 +159,8 @@ def phase_speed(args, result):
     shape = dict(device=args.device, steps=args.steps, batch=args.batch, length=30, vocab=8000)
     rows = []
     lstm_size = dict(encoder_embed_dim=256, encoder_hidden_size=256, encoder_layers=4, encoder_bidirectional=True,
-                     decoder_embed_dim=256, decoder_hidden_size=256, decoder_layers=4, decoder_out_embed_dim=256)
+                     decoder_embed_dim=256, decoder_hidden_size=256, decoder_layers=4, decoder_out_embed_dim=256,
+                     criterion="label_smoothed_cross_entropy")
     base = throughput("hybrid_lstm_base", [], "hybrid", options=size, **shape)
     lstm = throughput("lstm", [], "hybrid", options=lstm_size, **shape)
     rows.append({"system": "fairseq lstm, one device (input feeding, every encoder layer bidirectional)",
@@ -208,9 +209,18 @@ def markdown(report):
         if name == "exactness" and "counts" in result:
             what = f"{result['counts']}; CUDA tests: {len(result.get('cuda_tests', []))}"
         elif name == "precision" and "runs" in result:
-            what = "; ".join(f"{p}: " + ", ".join(f"{side} {'ok' if e.get('ok') and e.get('finite') else 'FAILED'}"
-                                                  for side, e in sides.items() if isinstance(e, dict) and "ok" in e)
-                             for p, sides in result["runs"].items())
+            parts = []
+            for precision, sides in result["runs"].items():
+                if "skipped" in sides:
+                    parts.append(f"{precision}: skipped ({sides['skipped']})")
+                    continue
+                states = [f"{side} {'ok' if e.get('ok') and e.get('finite') else 'FAILED'} (last losses "
+                          f"{', '.join(f'{x:.3f}' for x in e.get('losses', []))})"
+                          for side, e in sides.items() if isinstance(e, dict)]
+                if "largest relative parameter difference" in sides:
+                    states.append(f"group vs one device: {sides['largest relative parameter difference']:.1e}")
+                parts.append(f"{precision}: " + ", ".join(states))
+            what = "; ".join(parts)
         lines.append(f"| {name} | {'yes' if result.get('ok') else 'NO'} | {result.get('seconds')} | {what} |")
     speed = report["phases"].get("speed", {})
     if speed.get("rows"):
@@ -250,6 +260,7 @@ def main():
     if unknown:
         parser.error(f"unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
     args.work = args.work or tempfile.mkdtemp(prefix="gpu_check_")
+    os.makedirs(args.work, exist_ok=True)
     args.limits = dict(LIMITS)
     report = {"device": args.device, "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
               "torch": torch.__version__, "phases": {}}

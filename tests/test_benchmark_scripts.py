@@ -34,3 +34,18 @@ def test_bench_suite_refuses_fewer_batches_than_processes(binarized):
     result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench_suite.py"), str(binarized / "bin"),
                              "--batches", "1", "--devices", "2", "--no-simulation"], capture_output=True, text=True)
     assert result.returncode == 2 and "every one of the K gloo processes needs at least one timed batch" in result.stderr
+
+
+def test_gpu_check_runs_without_a_gpu(tmp_path):
+    """The GPU check's precision phase on CPU devices (fp32 only there):
+    fairseq-train on one device and on a group, then the comparison; the
+    JSON and the table are written."""
+    out = tmp_path / "out"
+    run(sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--device", "cpu", "--phases", "precision",
+        "--updates", "2", "--out", out, "--work", tmp_path / "work", timeout=600)
+    report = json.load(open(out / "gpu_check.json"))
+    runs = report["phases"]["precision"]["runs"]
+    assert runs["fp32"]["one device"]["ok"] and runs["fp32"]["group cpu,cpu"]["finite"]
+    assert runs["fp32"]["largest relative parameter difference"] < 1e-4
+    assert "skipped" in runs["fp16"]
+    assert "| precision | yes |" in open(out / "gpu_check.md").read()
