@@ -3,7 +3,7 @@
 seeds per side, because one pair of runs cannot say.
 
 Each run is the Tatoeba recipe (``recipes/tatoeba_ja_en/run.sh``: its
-training options, its 1,500-update budget, beam 5, sacrebleu) with only the
+training options, its default budget and checkpoint, beam 5, sacrebleu) with only the
 seed and the side's options changed.  Sides:
 
 * ``one``: the single-device model, the recipe's default (2 intra-op threads);
@@ -67,7 +67,7 @@ def run_dir(work, side, seed, devices="cpu,cpu", group_args=()):
 def run_one(work, side, seed, devices, group_args, log):
     recipe_options, train_options = side_options(side, devices, group_args)
     name = os.path.relpath(run_dir(work, side, seed, devices, group_args), work)
-    command = ["bash", RECIPE, "--work-dir", work, "--run-name", name, "--steps", "train,generate,score",
+    command = ["bash", RECIPE, "--work-dir", work, "--run-name", name, "--steps", "train,average,generate,score",
                *recipe_options, "--", "--seed", str(seed), *train_options]
     print(f"[{time.strftime('%H:%M:%S')}] {side} seed {seed}: {' '.join(command)}", flush=True)
     start = time.time()

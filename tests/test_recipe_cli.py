@@ -27,5 +27,13 @@ def test_no_training_budget(tmp_path):
 def test_help_lists_the_options(tmp_path):
     result = recipe("--help", tmp_path=tmp_path)
     assert result.returncode == 0
-    for option in ("--arch", "--max-update", "--train-minutes", "--steps", "--run-name"):
+    for option in ("--arch", "--budget", "--max-update", "--train-minutes", "--select", "--steps", "--run-name"):
         assert option in result.stdout
+
+
+def test_bad_budget_and_selection(tmp_path):
+    result = recipe("--budget", "huge", tmp_path=tmp_path)
+    assert result.returncode == 2 and "--budget huge: choose default or long" in result.stderr
+    result = recipe("--select", "first", tmp_path=tmp_path)
+    assert result.returncode == 2 and "--select first: choose average, best or last" in result.stderr
+    assert not (tmp_path / "work").exists()

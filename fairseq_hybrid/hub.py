@@ -1,0 +1,65 @@
+"""Translating from Python with a trained run: fairseq's hub interface.
+
+``load_translator(RUN_DIR)`` finds what a run of the Tatoeba recipe (or any
+run laid out the same way) needs, the checkpoint, the binarized data's
+dictionaries and the sentencepiece model, and returns fairseq's
+``GeneratorHubInterface``, whose ``translate`` takes raw text:
+
+    from fairseq_hybrid.hub import load_translator
+    ja_en = load_translator("work/tatoeba_ja_en/hybrid_lstm_base")
+    ja_en.translate("ひとつ質問してもいいですか。")
+
+It is ``HybridLSTMModel.from_pretrained`` with those paths filled in, so
+any of fairseq's generation options may be given (``beam=5``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from .models.hybrid_lstm import HybridLSTMModel
+
+CHECKPOINTS = ("checkpoint_average.pt", "checkpoint_best.pt", "checkpoint_last.pt")
+
+
+def find_checkpoint(run_dir: str) -> str:
+    """The checkpoint a run translates with: the average of its last
+    checkpoints where the recipe made one, else its best, else its last."""
+    for folder in (os.path.join(run_dir, "checkpoints"), run_dir):
+        for name in CHECKPOINTS:
+            if os.path.isfile(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+    raise FileNotFoundError(f"no checkpoint ({', '.join(CHECKPOINTS)}) in {run_dir} or {run_dir}/checkpoints")
+
+
+def _work_dir(run_dir: str) -> str:
+    folder = os.path.dirname(run_dir)
+    while True:
+        if os.path.isdir(os.path.join(folder, "bin")) and os.path.isdir(os.path.join(folder, "spm")):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return os.path.dirname(run_dir)
+        folder = parent
+
+
+def load_translator(run_dir: str, checkpoint: Optional[str] = None, data: Optional[str] = None,
+                    sentencepiece_model: Optional[str] = None, beam: int = 5, cpu: bool = True, **options):
+    """fairseq's hub interface for a run.  ``data`` (the binarized
+    dictionaries) and ``sentencepiece_model`` default to the recipe's
+    layout: ``bin/`` and ``spm/spm.model`` in the nearest folder above the
+    run that has them."""
+    run_dir = os.path.abspath(run_dir)
+    work = _work_dir(run_dir)
+    checkpoint = os.path.abspath(checkpoint or find_checkpoint(run_dir))
+    data = os.path.abspath(data or os.path.join(work, "bin"))
+    sentencepiece_model = os.path.abspath(sentencepiece_model or os.path.join(work, "spm", "spm.model"))
+    for what, path in (("binarized data", os.path.join(data, "dict.ja.txt")),
+                       ("sentencepiece model", sentencepiece_model)):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{what} not found at {path}")
+    hub = HybridLSTMModel.from_pretrained(
+        os.path.dirname(checkpoint), checkpoint_file=os.path.basename(checkpoint), data_name_or_path=data,
+        bpe="sentencepiece", sentencepiece_model=sentencepiece_model, beam=beam, cpu=cpu, **options)
+    return hub.eval()
