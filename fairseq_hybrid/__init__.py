@@ -12,7 +12,9 @@ allowlists the classes that fairseq checkpoints pickle, so that
 checkpoint from a hybrid group load where its devices are missing, and
 makes fairseq's copies of a checkpoint (to ``checkpoint_last.pt``) atomic,
 makes fairseq's gradient clipping and ``--fp16`` optimizer correct for
-parameters on several devices, and, with ``FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1``,
+parameters on several devices, refuses fairseq options a group cannot
+serve before training starts, keeps ``--patience``'s count in checkpoints,
+and, with ``FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1``,
 turns on the virtual-device test harness.
 """
 
@@ -33,6 +35,14 @@ atomic_checkpoint_copy.install()
 from . import multi_device_optim  # noqa: E402
 
 multi_device_optim.install()
+
+from . import patience_state  # noqa: E402
+
+patience_state.install()
+
+from . import trainer_checks  # noqa: E402
+
+trainer_checks.install()
 
 from . import virtual_devices  # noqa: E402
 
