@@ -31,15 +31,15 @@ def allowed_globals() -> list:
     Checkpoints written by this fairseq store ``cfg`` as plain containers and
     need nothing here; older ones (and other forks) store ``args`` as an
     ``argparse.Namespace`` or ``cfg`` as omegaconf objects, and a best score
-    can be a numpy scalar.  omegaconf's pickles name the builtin types of
+    can be a numpy scalar or 0-d array (``--eval-bleu``'s best BLEU is one).  omegaconf's pickles name the builtin types of
     their nodes as globals, hence the builtins.
     """
     import typing
 
     try:
-        from numpy._core.multiarray import scalar
+        from numpy._core.multiarray import _reconstruct, scalar
     except ImportError:  # numpy < 2
-        from numpy.core.multiarray import scalar
+        from numpy.core.multiarray import _reconstruct, scalar
     from omegaconf import DictConfig, ListConfig, nodes
     from omegaconf.base import ContainerMetadata, Metadata
 
@@ -57,6 +57,8 @@ def allowed_globals() -> list:
         nodes.BooleanNode,
         typing.Any,
         scalar,
+        _reconstruct,
+        np.ndarray,
         np.dtype,
         type(np.dtype(np.float64)),
         type(np.dtype(np.float32)),

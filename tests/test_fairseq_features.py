@@ -37,3 +37,56 @@ def test_patience_survives_a_restart(binarized, tmp_path, group):
     log = train(binarized, tmp_path / "run", "40", *options)
     assert "early stop since valid performance hasn't improved for last 3 runs" in log
     assert re.findall(r"num_updates (\d+)", log)[-1] == "8", log[-3000:]
+
+
+SIDES = pytest.mark.parametrize("group", [[], ["--hybrid-devices", "cpu,cpu"]], ids=["one device", "group"])
+
+
+@SIDES
+def test_validation_bleu_selects_the_best_checkpoint(binarized, tmp_path, group):
+    """--eval-bleu with sentencepiece removed, and --best-checkpoint-metric
+    bleu: the validation log carries BLEU and checkpoint_best.pt is chosen by it."""
+    log = train(binarized, tmp_path / "run", "6", "--lr", "0.005", "--eval-bleu", "--eval-bleu-remove-bpe",
+                "sentencepiece", "--eval-bleu-detok", "space", "--eval-bleu-args", '{"beam": 2, "max_len_b": 20}',
+                "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
+                "--validate-interval-updates", "3", "--save-interval-updates", "3", *group)
+    assert len(re.findall(r"\| valid \|.*\| bleu [\d.]+ ", log)) == 2, log[-3000:]
+    assert "best_bleu" in log
+    state = torch.load(tmp_path / "run" / "checkpoint_best.pt")
+    assert state["cfg"]["checkpoint"]["best_checkpoint_metric"] == "bleu"
+
+
+@SIDES
+def test_checkpointing_and_batching_options(binarized, tmp_path, group):
+    """--keep-best-checkpoints, --keep-last-epochs, --validate-interval-updates,
+    --save-interval-updates (with --keep-interval-updates), --update-freq,
+    --max-tokens-valid, --num-workers 2 and --seed together; then
+    --finetune-from-model starts a new run from those weights."""
+    run_dir = tmp_path / "run"
+    log = train(binarized, run_dir, "12", "--lr", "0.005", "--keep-best-checkpoints", "2", "--max-epoch", "2",
+                "--keep-last-epochs", "1", "--validate-interval-updates", "4", "--save-interval-updates", "4",
+                "--keep-interval-updates", "2", "--update-freq", "2", "--max-tokens-valid", "300",
+                "--num-workers", "2", "--seed", "5", *group)
+    names = sorted(os.listdir(run_dir))
+    assert len([n for n in names if re.fullmatch(r"checkpoint_\d+_\d+\.pt", n)]) == 2, names
+    assert len([n for n in names if n.startswith("checkpoint.best_loss_")]) == 2, names
+    assert re.findall(r"num_updates (\d+)", log)[-1] == "12"
+    state = torch.load(run_dir / "checkpoint_last.pt")
+    assert state["cfg"]["optimization"]["update_freq"] == [2] and state["cfg"]["common"]["seed"] == 5
+    tuned = train(binarized, tmp_path / "tuned", "2", "--lr", "0.001",
+                  "--finetune-from-model", run_dir / "checkpoint_last.pt", *group)
+    assert "loading pretrained model from" in tuned.lower() or "finetune" in tuned.lower(), tuned[-2000:]
+    assert re.findall(r"num_updates (\d+)", tuned)[-1] == "2"
+
+
+def test_ensemble_of_a_single_device_and_a_group_checkpoint(binarized, tmp_path):
+    """fairseq-generate --path a.pt:b.pt with a checkpoint trained on one
+    device and one trained on a group; and the hub interface with both."""
+    train(binarized, tmp_path / "one", "6", "--lr", "0.005")
+    train(binarized, tmp_path / "group", "6", "--lr", "0.005", "--seed", "4", "--hybrid-devices", "cpu,cpu")
+    paths = f"{tmp_path / 'one' / 'checkpoint_last.pt'}:{tmp_path / 'group' / 'checkpoint_last.pt'}"
+    generated = run(os.path.join(BIN, "fairseq-generate"), binarized / "bin", "--user-dir", USER_DIR, "--cpu",
+                    "--path", paths, "--beam", "2", "--max-tokens", "4000", "--max-len-b", "10",
+                    "--required-batch-size-multiple", "1", "--remove-bpe", "sentencepiece")
+    assert len([line for line in generated.stdout.splitlines() if line.startswith("H-")]) == 200
+    assert "ensemble" in (generated.stdout + generated.stderr).lower() or paths.count(":") == 1
