@@ -90,3 +90,23 @@ def test_ensemble_of_a_single_device_and_a_group_checkpoint(binarized, tmp_path)
                     "--required-batch-size-multiple", "1", "--remove-bpe", "sentencepiece")
     assert len([line for line in generated.stdout.splitlines() if line.startswith("H-")]) == 200
     assert "ensemble" in (generated.stdout + generated.stderr).lower() or paths.count(":") == 1
+
+
+def test_fairseq_hydra_train_with_a_group(binarized, tmp_path):
+    """fairseq-hydra-train with the group given as model options on the
+    command line: +model.hybrid_devices='cpu,cpu' (a key the yaml does not
+    set takes a +, and hydra wants a list quoted)."""
+    from test_end_to_end import HYDRA_CONFIG
+
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    (config_dir / "tiny.yaml").write_text(
+        HYDRA_CONFIG.format(user_dir=USER_DIR, data=binarized / "bin", save_dir=tmp_path / "checkpoints")
+    )
+    result = run(os.path.join(BIN, "fairseq-hydra-train"), "--config-dir", config_dir, "--config-name", "tiny",
+                 "+model.hybrid_devices='cpu,cpu'", "+model.hybrid_mode=hybrid", "optimization.max_update=6",
+                 cwd=tmp_path)
+    assert "hybrid group (hybrid mode, 2 devices)" in result.stdout + result.stderr
+    state = torch.load(tmp_path / "checkpoints" / "checkpoint_last.pt")
+    assert state["cfg"]["model"]["hybrid_devices"] == "cpu,cpu"
+    assert state["optimizer_history"][-1]["num_updates"] == 6
