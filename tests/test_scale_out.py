@@ -146,3 +146,33 @@ def test_a_dead_process_stops_the_others(binarized, tmp_path):
     assert launcher.returncode != 0
     assert elapsed < 120
     assert "ChildFailedError" in text and "SIGKILL" in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_machine_equal_one_process_on_the_union_of_their_batches(binarized, tmp_path):
+    """Two "nodes" over loopback (two launchers, --nnodes 2, each one process
+    of 2 CPU devices) give the parameters of one process with --update-freq 2
+    after 10 updates, as two processes on one node do."""
+    launchers = [
+        subprocess.Popen([os.path.join(BIN, "fairseq-hybrid-train"), "--nnodes", "2", "--node-rank", str(rank),
+                          "--master-addr", "127.0.0.1", "--master-port", "29633", "--nproc-per-node", "1",
+                          "--devices-per-process", "2", "--device", "cpu", "--",
+                          str(binarized / "bin"), *TINY, "--max-update", "10", "--save-dir", str(tmp_path / "nodes")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
+    outputs = []
+    try:
+        for launcher in launchers:
+            outputs.append(launcher.communicate(timeout=300)[0])
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+    assert [launcher.returncode for launcher in launchers] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    run(os.path.join(BIN, "fairseq-train"), binarized / "bin", "--user-dir", USER_DIR, "--cpu", *TINY,
+        "--max-update", "10", "--hybrid-devices", "cpu,cpu", "--update-freq", "2", "--save-dir", tmp_path / "one")
+    updates_nodes, nodes = parameters(tmp_path / "nodes" / "checkpoint_last.pt")
+    updates_one, one = parameters(tmp_path / "one" / "checkpoint_last.pt")
+    assert updates_nodes == updates_one == 10
+    assert_same_parameters(nodes, one)
