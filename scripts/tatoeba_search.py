@@ -53,6 +53,10 @@ SETTINGS = {
                                      "--warmup-init-lr", "1e-4", "--dropout", "0.0"],
                            "inverse square root schedule, lr 0.008, warm-up 500, no dropout"),
 }
+# The recipe's defaults with other seeds: how much the seed alone moves BLEU.
+for _seed in (2, 3):
+    SETTINGS[f"isqrt-lr5e-3-seed{_seed}"] = (UPDATES, SETTINGS["isqrt-lr5e-3"][1] + ["--seed", str(_seed)],
+                                              f"as isqrt-lr5e-3 (the recipe's defaults) with seed {_seed}")
 EVALUATE = os.path.join(REPO, "recipes", "tatoeba_ja_en", "evaluate.sh")
 # The checkpoints each run is scored with: the recipe's own (the average of
 # the last 5, in the run folder), and these, each in selection/<name>/.
@@ -66,8 +70,9 @@ def run_dir(work, name):
 def run_setting(work, name, log):
     updates, options, _ = SETTINGS[name]
     # Checkpoints every 200 updates, the last 5 kept (as the recipe does).
+    # The run folder's own score is the average's (the table's first BLEU column).
     command = ["bash", RECIPE, "--work-dir", work, "--run-name", os.path.join("search", name),
-               "--max-update", str(updates), "--", "--save-interval-updates", "200",
+               "--max-update", str(updates), "--select", "average", "--", "--save-interval-updates", "200",
                "--keep-interval-updates", "5", *options]
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(command)}", flush=True)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
