@@ -2,7 +2,7 @@
 # Tatoeba ja-en from raw corpus to a model that translates, on the CPU: about
 # 30 minutes on a 2-core machine the first time (data steps included).
 #
-#   bash recipes/tatoeba_ja_en/run.sh                  # hybrid_lstm_base, 2,600 updates
+#   bash recipes/tatoeba_ja_en/run.sh                  # hybrid_lstm_base, 4,000 updates
 #   bash recipes/tatoeba_ja_en/run.sh --budget long    # 16,000 updates (about 2 hours at 0.4 s an update)
 #   bash recipes/tatoeba_ja_en/run.sh --arch lstm      # fairseq's LSTM, same size, data and updates
 #
@@ -48,7 +48,7 @@ Options:
   --arch NAME            hybrid_lstm_base (default), lstm (fairseq's, same size), or any hybrid_lstm_* preset
   --work-dir DIR         where data, checkpoints and results go (default: work/tatoeba_ja_en)
   --run-name NAME        subfolder for this run's checkpoints and results (default: the arch)
-  --budget NAME          default (2,600 updates) or long (16,000 updates)
+  --budget NAME          default (4,000 updates) or long (16,000 updates)
   --max-update N         training budget in updates (overrides --budget; 0: none, with --train-minutes)
   --train-minutes N      a wall-clock training budget (default: none; stops at the first budget reached)
   --select NAME          the checkpoint to translate with: best (default; lowest validation loss),
@@ -81,7 +81,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 case "$budget" in
-  default) budget_updates=2600; save_every=200 ;;
+  default) budget_updates=4000; save_every=200 ;;
   long) budget_updates=16000; save_every=1000 ;;
   *) echo "error: --budget $budget: choose default or long" >&2; exit 2 ;;
 esac
