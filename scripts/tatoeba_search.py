@@ -148,7 +148,8 @@ def write_report(work, out):
     if rows:
         lines.append("")
         lines.append(f"Tatoeba ja-en test split (2,051 sentences), beam 5, sacrebleu `{rows[0]['bleu_signature']}`;"
-                     " made by `python scripts/tatoeba_search.py`.")
+                     " made by `python scripts/tatoeba_search.py`. Training seconds are the wall clock of "
+                     "fairseq-train, comparable only between runs made while the machine did nothing else.")
     with open(os.path.join(out, "tatoeba.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -73,7 +73,7 @@ def test_translate_from_the_shell(trained):
     assert bad.returncode == 2 and "no run at" in bad.stderr
 
 
-def test_translate_from_python(trained):
+def test_translate_from_python(trained, tmp_path):
     from fairseq_hybrid.hub import find_checkpoint, load_translator
 
     work, _, _ = trained
@@ -84,4 +84,4 @@ def test_translate_from_python(trained):
     assert isinstance(single, str) and single and "▁" not in single
     assert len(several) == 2 and all(several)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        find_checkpoint(str(work))
+        find_checkpoint(str(tmp_path))
