@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Tatoeba ja-en from raw corpus to a model that translates, on the CPU: about
-# 30 minutes on a 2-core machine the first time (data steps included).
+# Tatoeba ja-en from raw corpus to a model that translates, on the CPU: 24
+# minutes on a 2-core machine the first time (set-up and data steps included).
 #
 #   bash recipes/tatoeba_ja_en/run.sh                  # hybrid_lstm_base, 4,000 updates
-#   bash recipes/tatoeba_ja_en/run.sh --budget long    # 16,000 updates (about 2 hours at 0.4 s an update)
+#   bash recipes/tatoeba_ja_en/run.sh --budget long    # 16,000 updates (about 1.5 hours of training here)
 #   bash recipes/tatoeba_ja_en/run.sh --arch lstm      # fairseq's LSTM, same size, data and updates
 #
 # Steps (each skipped when already done; rerun the same command to resume):
