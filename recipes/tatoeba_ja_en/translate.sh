@@ -6,8 +6,8 @@
 #   bash recipes/tatoeba_ja_en/translate.sh --run work/tatoeba_ja_en/hybrid_lstm_base < input.ja > output.en
 #
 # It is fairseq-interactive on raw text (--bpe sentencepiece with the run's
-# sentencepiece model), with the run's averaged checkpoint where the recipe
-# made one, else its best, else its last.
+# sentencepiece model), with the run's best checkpoint (the one the recipe
+# scores), else its last.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
