@@ -1,6 +1,7 @@
-"""Small stand-ins for tests, scripts and checks: a vocabulary, a task
-that only carries dictionaries, models built through fairseq's registry,
-and real fairseq batches of chosen lengths."""
+"""Small stand-ins for tests, scripts, checks and the schedule simulator's
+twin model: vocabularies, a task that only carries dictionaries, models
+built through fairseq's registry, and real fairseq batches of chosen
+lengths."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ def make_dictionary(size: int = 40) -> Dictionary:
         dictionary.add_symbol(f"w{index}")
     dictionary.finalize(padding_factor=1)
     return dictionary
+
+
+class VocabularyOfSize:
+    """A vocabulary that has only a size (what a parameter-free twin model
+    reads from its dictionaries)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def pad(self):
+        return 1
 
 
 class StandInTask:

@@ -21,7 +21,8 @@ _installed = False
 def check_training_setup(cfg, model) -> None:
     """Raise :class:`DevicePlanError` for an option the model's group cannot
     serve; nothing for a model without a group."""
-    plan = getattr(model, "plan", None)
+    group = getattr(model, "hybrid_group", None)
+    plan = group.plan if group is not None else None
     if plan is None:
         return
     devices = ",".join(str(device) for device in plan.devices)

@@ -36,10 +36,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_hybrid_cpu import model_args, train_steps  # noqa: E402
 from bench_lstm_vs_hybrid import batches, build  # noqa: E402
 
-from fairseq_hybrid.models.step_simulation import batch, best_placement, step_time, twin_model  # noqa: E402
+from fairseq_hybrid.parallel.placement_search import batch, best_placement, twin_model  # noqa: E402
 from fairseq_hybrid.parallel.cell_graph import record_cell_times  # noqa: E402
 from fairseq_hybrid.parallel.device_plan import build_plan  # noqa: E402
-from fairseq_hybrid.parallel.schedule_sim import CostModel, fit, samples_from_trace  # noqa: E402
+from fairseq_hybrid.parallel.schedule_simulator import CostModel, fit, samples_from_trace, step_time  # noqa: E402
 
 MODES = ("hybrid", "model", "data")
 
@@ -54,7 +54,7 @@ def calibrate(data, samples, arch, chunk_lengths=(0, 4)):
     train_steps(model, criterion, optimizer, samples[:2])
     measured, overhead = [], None
     for chunk_length in chunk_lengths:
-        model.chunk_length = chunk_length
+        model.hybrid_group.chunk_length = chunk_length
         start = time.perf_counter()
         with record_cell_times() as trace:
             train_steps(model, criterion, optimizer, samples[2:])

@@ -11,7 +11,7 @@ import torch
 
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.models.hybrid_cells import time_chunks
+from fairseq_hybrid.parallel.step_cells import time_chunks
 from fairseq_hybrid.parallel.cell_graph import Cell, record_cell_times, run_cells
 from fairseq_hybrid.parallel.replicas import Replicas
 from fairseq_hybrid.parallel.seeded_dropout import SeededDropout, cell_generator
@@ -254,6 +254,6 @@ def test_single_device_masks_make_dropout_runs_equal_one_device(mode, dictionari
     for name in grads_ref:
         torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
     # and dropout was really on: the per-cell masks give another loss
-    group.dropout_masks = "per-cell"
+    group.hybrid_group.dropout_masks = "per-cell"
     torch.manual_seed(9)
     assert not torch.equal(loss_and_grads(group, criterion, sample)[0], loss_ref)

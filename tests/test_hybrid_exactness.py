@@ -33,7 +33,7 @@ def check_equal(devices, mode, dictionaries, group_options=None, **overrides):
     group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides},
                         hybrid_devices=",".join(devices), hybrid_mode=mode, **(group_options or {}))
     group.load_state_dict(single.state_dict())
-    assert group.plan is not None and group.plan.size == len(devices)
+    assert group.hybrid_group is not None and group.hybrid_group.plan.size == len(devices)
     sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
 
     loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
@@ -108,6 +108,6 @@ def test_placement_survives_fairseqs_device_moves(dictionaries):
     assert model.to(device="cpu") is model and model.cpu() is model
     model.to(dtype=torch.float64)
     assert all(p.dtype == torch.float64 for p in model.parameters())
-    table = model.placement_table()
+    table = model.hybrid_group.placement_table()
     assert "encoder layer 3 (LSTM)" in table and "decoder layer 0 (+bridge)" in table
     assert "shards cpu, cpu" in table

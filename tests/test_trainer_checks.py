@@ -13,7 +13,7 @@ from test_virtual_devices import fairseq_cfg
 
 def group_on(*devices):
     plan = DevicePlan([torch.device(d) for d in devices], [0, 1], [0, 1], "hybrid")
-    return types.SimpleNamespace(plan=plan)
+    return types.SimpleNamespace(hybrid_group=types.SimpleNamespace(plan=plan))
 
 
 def test_a_model_without_a_group_is_never_refused():

@@ -111,7 +111,7 @@ def test_a_timed_out_group_is_replaced():
 def test_hybrid_timeout_option(dictionaries):
     src_dict, tgt_dict = dictionaries
     model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, hybrid_devices="cpu,cpu", hybrid_timeout=7.5)
-    assert model.timeout == 7.5
+    assert model.hybrid_group.timeout == 7.5
     with pytest.raises(DevicePlanError, match="--hybrid-timeout must be > 0"):
         build_model("hybrid_lstm_tiny", src_dict, tgt_dict, hybrid_devices="cpu,cpu", hybrid_timeout=0)
 

@@ -71,7 +71,7 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         return loss, nll_loss, n_correct, torch.sum(mask)
 
     def forward(self, model, sample, reduce=True):
-        if not hasattr(model, "compute_loss"):
+        if not hasattr(model, "loss_sums"):
             raise TypeError(
                 f"--criterion hybrid_cross_entropy needs a hybrid_lstm model (--arch hybrid_lstm_*), "
                 f"got {type(model).__name__}; use label_smoothed_cross_entropy for other models"
@@ -86,7 +86,7 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             # along time, and padding is ignored wherever it falls.
             target = target.clone()
             target[:, : self.ignore_prefix_size] = self.padding_idx
-        loss, nll_loss, n_correct, total = model.compute_loss(sample["net_input"], target, self.shard_loss)
+        loss, nll_loss, n_correct, total = model.loss_sums(sample["net_input"], target, self.shard_loss)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,

@@ -17,8 +17,6 @@ step decoding (beam search) carries each layer's ``(h, c)`` in fairseq's
 """
 
 
-import copy
-import logging
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -33,14 +31,11 @@ from fairseq.models import (
 )
 from torch import Tensor
 
-from ..parallel.device_plan import MODES, DevicePlan, DevicePlanError, build_plan, parse_devices, plan_table
-from ..parallel.replicas import Replicas
+from ..parallel.device_plan import MODES
+from ..parallel.hybrid_group import HybridGroup
 from ..parallel.worker import DEFAULT_TIMEOUT
 from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
-from .hybrid_cells import data_parallel_step, hybrid_step
 from .lstm_stacks import LSTMDecoderStack, LSTMEncoderStack
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -236,22 +231,18 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
     """LSTM encoder-decoder without input feeding, split into an RNN part and
     an attention-softmax part for hybrid data/model parallel training.
 
-    With ``--hybrid-devices`` the model carries a :class:`DevicePlan`: its
-    layers live on the plan's devices, and ``to(device)`` / ``cuda()`` /
-    ``cpu()`` (which fairseq's trainer and generator call) change only the
+    The model knows nothing of devices.  With ``--hybrid-devices`` it is
+    run by a :class:`~fairseq_hybrid.parallel.hybrid_group.HybridGroup`
+    (``hybrid_group``), which puts its layers on the group's devices and
+    runs its training steps there; ``to(device)`` / ``cuda()`` / ``cpu()``
+    (which fairseq's trainer and generator call) then change only the
     dtype, never that placement.  Parameter names and shapes do not depend
-    on the plan, so a checkpoint from K devices loads on any other K'.
+    on the group, so a checkpoint from K devices loads on any other K'.
     """
 
     def __init__(self, encoder, decoder):
         super().__init__(encoder, decoder)
-        self.plan: Optional[DevicePlan] = None
-        self.chunk_length = 0
-        self.dropout_masks = "per-cell"
-        self.timeout = DEFAULT_TIMEOUT
-        # Replicas for batch shards on other devices (see parallel/replicas.py);
-        # plain attributes, so they are neither parameters nor saved.
-        self._replicas: Dict[str, Replicas] = {}
+        self.hybrid_group: Optional[HybridGroup] = None
 
     @classmethod
     def build_model(cls, cfg, task):
@@ -259,97 +250,11 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         encoder = HybridLSTMEncoder(task.source_dictionary, cfg)
         decoder = HybridLSTMDecoder(task.target_dictionary, cfg, encoder.stack)
         model = cls(encoder, decoder)
-        if cfg.hybrid_devices:
-            placement = cfg.hybrid_placement
-            if getattr(cfg, "hybrid_cost_model", "") and placement != "auto":
-                raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto only")
-            if placement == "auto" and cfg.hybrid_mode != "data":
-                placement = model.auto_placement(cfg)
-            plan = build_plan(
-                cfg.hybrid_devices, placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers
-            )
-            if cfg.hybrid_chunk_length < 0:
-                raise DevicePlanError(f"--hybrid-chunk-length must be >= 0, got {cfg.hybrid_chunk_length}")
-            if not cfg.hybrid_timeout > 0:
-                raise DevicePlanError(f"--hybrid-timeout must be > 0 seconds, got {cfg.hybrid_timeout}")
-            model.place(plan)
-            model.chunk_length = cfg.hybrid_chunk_length
-            model.dropout_masks = cfg.hybrid_dropout_masks
-            model.timeout = float(cfg.hybrid_timeout)
-            logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, model.placement_table())
-        elif cfg.hybrid_placement or getattr(cfg, "hybrid_cost_model", ""):
-            raise ValueError("--hybrid-placement and --hybrid-cost-model need --hybrid-devices")
+        model.hybrid_group = HybridGroup.from_options(model, cfg)
         return model
 
-    # -- placement ---------------------------------------------------------
-
-    def auto_placement(self, cfg) -> str:
-        """``--hybrid-placement auto``: the placement whose replayed schedule
-        is shortest (:mod:`.step_simulation`) for a nominal batch, under
-        the measured cost model of ``--hybrid-cost-model`` or, without one,
-        one where every floating-point operation costs the same."""
-        from .step_simulation import NOMINAL_BATCH, best_placement
-
-        devices = parse_devices(cfg.hybrid_devices)
-        cost_file = getattr(cfg, "hybrid_cost_model", "")
-        cost = load_cost_model(cost_file)
-        default = build_plan(cfg.hybrid_devices, "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-        placement, predicted = best_placement(self, cfg, devices, cost)
-        logger.info(
-            "--hybrid-placement auto: %s (predicted step: %.1f%% of the default placement's, for a nominal "
-            "batch of %d sentences of %d source and %d target tokens; %s)", placement,
-            100 * predicted.total / _default_time(self, cfg, default, cost), *NOMINAL_BATCH,
-            f"cost model {cost_file}" if cost_file else "floating-point operations only",
-        )
-        return placement
-
-
-    def place(self, plan: DevicePlan) -> None:
-        """Move every layer to its device: embeddings with the bottom layer,
-        bridges with their decoder layer, the attention-softmax master (and
-        a tied output embedding) with the bottom decoder layer."""
-        encoder, decoder = self.encoder.stack, self.decoder.stack
-        encoder.embed_tokens.to(plan.encoder_device(0))
-        for layer, module in enumerate(encoder.layers):
-            module.to(plan.encoder_device(layer))
-        decoder.embed_tokens.to(plan.decoder_device(0))
-        for layer, module in enumerate(decoder.layers):
-            for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
-                part.to(plan.decoder_device(layer))
-        self.decoder.attention_softmax.to(plan.decoder_device(0))
-        self.plan = plan
-
-    def placement_rows(self):
-        """``(part, device, parameters)`` of every placed part."""
-        encoder, decoder = self.encoder.stack, self.decoder.stack
-
-        def count(*modules):
-            return sum(p.numel() for m in modules for p in m.parameters())
-
-        def where(module):
-            return str(next(module.parameters()).device)
-
-        rows = [("encoder embeddings", where(encoder.embed_tokens), count(encoder.embed_tokens))]
-        for layer, module in enumerate(encoder.layers):
-            kind = "bidirectional" if module.bidirectional else "LSTM"
-            rows.append((f"encoder layer {layer} ({kind})", where(module), count(module)))
-        rows.append(("decoder embeddings", where(decoder.embed_tokens), count(decoder.embed_tokens)))
-        for layer, module in enumerate(decoder.layers):
-            rows.append((f"decoder layer {layer} (+bridge)", where(module),
-                         count(module, decoder.bridges_h[layer], decoder.bridges_c[layer])))
-        part = self.decoder.attention_softmax
-        shards = ", ".join(str(d) for d in self.plan.shard_devices) if self.plan else where(part)
-        shared = part.output_weight is decoder.embed_tokens.weight
-        rows.append(("attention-softmax" + (" (tied)" if shared else ""), f"master {where(part)}; shards {shards}",
-                     count(part) - (part.output_weight.numel() if shared else 0)))
-        return rows
-
-    def placement_table(self) -> str:
-        rows = [(name, device, f"{params:,}") for name, device, params in self.placement_rows()]
-        return plan_table([("part", "device", "parameters")] + rows)
-
     def to(self, *args, **kwargs):
-        if self.plan is None:
+        if self.hybrid_group is None:
             return super().to(*args, **kwargs)
         _, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
         if dtype is not None:
@@ -357,16 +262,16 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         return self
 
     def cuda(self, device=None):
-        return self if self.plan is not None else super().cuda(device)
+        return self if self.hybrid_group is not None else super().cuda(device)
 
     def cpu(self):
-        return self if self.plan is not None else super().cpu()
+        return self if self.hybrid_group is not None else super().cpu()
 
     # -- training ------------------------------------------------------------
 
     def forward_rnn(self, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor, **unused) -> RNNOutput:
         """The RNN part: encoder and decoder stacks under teacher forcing.
-        Each layer runs on its own device; activations follow."""
+        Each layer runs where its parameters are; activations follow."""
         encoder_out = self.encoder(src_tokens, src_lengths)
         decoder_states = self.decoder.forward_rnn(prev_output_tokens, encoder_out)
         return RNNOutput(
@@ -377,71 +282,20 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         """The attention-softmax part followed by ``shard_loss`` on one
         device, in one piece: what the single-device model computes.
 
-        ``shard_loss`` returns sums, so that the hybrid engine can add the
+        ``shard_loss`` returns sums, so that a hybrid group can add the
         results of batch shards and get this value back.
         """
         part = self.decoder.attention_softmax
         features, _ = part.features(*rnn_out)
         return shard_loss(features, part.output_weight, part.output_bias, target.to(part.output_bias.device))
 
-    def compute_loss(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
-        """What ``hybrid_cross_entropy`` calls: the summed loss of a batch.
-        With a device plan, the hybrid engine runs the step as cells on the
-        plan's devices, all at once (:mod:`.hybrid_cells`)."""
-        if self.plan is None:
+    def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
+        """What ``hybrid_cross_entropy`` calls: the summed loss terms of a
+        batch, computed in one piece or, with a hybrid group, as cells on
+        the group's devices, all at once."""
+        if self.hybrid_group is None:
             return self.attention_softmax_loss(self.forward_rnn(**net_input), target, shard_loss)
-        if self.plan.mode == "data":
-            return data_parallel_step(self, self.plan, net_input, target, shard_loss, self.timeout)
-        return hybrid_step(self, self.plan, net_input, target, shard_loss, self.chunk_length, self.timeout)
-
-    def attention_softmax_replicas(self) -> Replicas:
-        if "attention_softmax" not in self._replicas:
-            self._replicas["attention_softmax"] = Replicas(self.decoder.attention_softmax)
-        return self._replicas["attention_softmax"]
-
-    def direction_replicas(self, layer: int, reverse: bool) -> Replicas:
-        """Replicas of one direction of a bidirectional encoder layer (the
-        engine runs the reverse direction on the layer's partner device)."""
-        master = self.encoder.stack.direction(layer, reverse)
-        key = f"encoder layer {layer} {'reverse' if reverse else 'forward'}"
-        if key not in self._replicas or self._replicas[key].master is not master:
-            self._replicas[key] = Replicas(master)
-        return self._replicas[key]
-
-    def whole_model_replicas(self) -> Replicas:
-        """Replicas of the whole model, without a plan (data mode)."""
-        if "model" not in self._replicas:
-            self._replicas["model"] = Replicas(
-                self, make_copy=lambda model: type(model)(copy.deepcopy(model.encoder), copy.deepcopy(model.decoder))
-            )
-        return self._replicas["model"]
-
-
-def _default_time(model, cfg, plan, cost) -> float:
-    from .step_simulation import NOMINAL_BATCH, batch, step_time
-
-    sentences, source_length, target_length = NOMINAL_BATCH
-    net_input, target = batch(sentences, [source_length] * sentences, target_length)
-    return step_time(model, plan, net_input, target, cost, cfg.hybrid_chunk_length).total
-
-
-def load_cost_model(path: str):
-    """The cost model in ``path`` (``scripts/simulate_schedule.py --json``
-    output, or ``CostModel.save``); the FLOP-only model when ``path`` is
-    empty.  A missing or malformed file is a DevicePlanError naming it."""
-    import json
-
-    from ..parallel.schedule_sim import CostModel
-
-    if not path:
-        return CostModel()
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        return CostModel(**data.get("cost_model", data))
-    except (OSError, ValueError, TypeError, AttributeError) as error:
-        raise DevicePlanError(f"--hybrid-cost-model {path}: not a cost model ({error}); write one with "
-                              "scripts/simulate_schedule.py DATA --json FILE") from error
+        return self.hybrid_group.loss_sums(net_input, target, shard_loss)
 
 
 def _set_defaults(cfg, **defaults):

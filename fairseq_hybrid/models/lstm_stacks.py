@@ -162,6 +162,8 @@ class LSTMEncoderStack(nn.Module):
             outputs = outputs + inputs
         return self.dropout(outputs), h, c
 
+    reversed_positions = staticmethod(reversed_positions)
+
     def direction(self, index: int, reverse: bool) -> nn.LSTM:
         """One direction of the bidirectional layer ``index`` as a
         unidirectional batch-first ``nn.LSTM`` whose parameters *are* the

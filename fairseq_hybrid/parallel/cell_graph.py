@@ -5,7 +5,8 @@ of earlier cells as fresh leaves, so its backward is a call of its own
 (``torch.autograd.backward`` on the cell's outputs) that its device's worker
 runs.  This matters on CPU, where a single ``loss.backward()`` runs all
 backward work on the calling thread: with stage-local backward, K workers
-run the reverse wavefront on K cores (DESIGN.md section 2).  A cell's input
+run the reverse wavefront on K cores (docs/design.md, "Stage-local
+backward").  A cell's input
 gradients (its leaves' ``.grad``) are handed to the cells that produced
 them; a producer read by several cells adds their gradients in a fixed
 order, so a step's result never depends on thread timing.
@@ -58,13 +59,15 @@ class Work(NamedTuple):
 
 class Cell(NamedTuple):
     """A piece of a step on one worker: ``run(*inputs) -> outputs``, where
-    ``inputs`` are the outputs ``(cell, index)`` of earlier cells."""
+    ``inputs`` are the outputs ``(cell, index)`` of earlier cells and
+    ``outputs``, when given, names what ``run`` returns, in order."""
 
     name: str
     worker: int
     inputs: Sequence[Ref]
     run: Callable[..., Sequence[Tensor]]
     work: Optional[Work] = None
+    outputs: Optional[Tuple[str, ...]] = None
 
 
 class CellTime(NamedTuple):
@@ -185,6 +188,9 @@ class CellGraph:
         with _running(worker, cell, "forward"), _naming_out_of_memory(cell, "forward", device), \
                 cell_generator(self.seed + index, device):
             outputs = tuple(cell.run(*leaves))
+        if cell.outputs is not None and len(outputs) != len(cell.outputs):
+            raise RuntimeError(f"{cell.name} returned {len(outputs)} outputs but names {len(cell.outputs)}: "
+                               f"{', '.join(cell.outputs)}")
         _note(cell, "forward", start)
         self.leaves[index] = leaves if grad_enabled else None
         self.outputs[index] = outputs

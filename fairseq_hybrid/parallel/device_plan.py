@@ -12,7 +12,9 @@ a message naming it rather than deep inside a forward pass.
 ``cpu,cpu``) or a count ``K`` (K CUDA devices where CUDA is available,
 otherwise K CPU devices).  ``--hybrid-placement``: empty for the default,
 or ``encoder=0,1,0,1;decoder=0,1,0,1`` (indices into the device list, one
-per layer).
+per layer), or ``auto`` (:mod:`.placement_search`).  Every check of the
+``--hybrid-*`` options is here (:func:`check_options`, :func:`build_plan`),
+and every failure is a :class:`DevicePlanError` naming the option.
 """
 
 from __future__ import annotations
@@ -101,11 +103,21 @@ def parse_devices(spec: str) -> List[torch.device]:
     return devices
 
 
+def default_placement(encoder_layers: int, decoder_layers: int, num_devices: int):
+    """Encoder and decoder layer ``l`` on device ``l mod K``."""
+    return ([layer % num_devices for layer in range(encoder_layers)],
+            [layer % num_devices for layer in range(decoder_layers)])
+
+
+def placement_text(encoder: Sequence[int], decoder: Sequence[int]) -> str:
+    """A placement as ``--hybrid-placement`` text."""
+    return "encoder=" + ",".join(map(str, encoder)) + ";decoder=" + ",".join(map(str, decoder))
+
+
 def parse_placement(spec: str, encoder_layers: int, decoder_layers: int, num_devices: int):
     """Default or explicit ``(encoder indices, decoder indices)``."""
     if not spec:
-        return ([layer % num_devices for layer in range(encoder_layers)],
-                [layer % num_devices for layer in range(decoder_layers)])
+        return default_placement(encoder_layers, decoder_layers, num_devices)
     parts = {}
     for part in spec.split(";"):
         name, sep, indices = part.partition("=")
@@ -131,6 +143,26 @@ def parse_placement(spec: str, encoder_layers: int, decoder_layers: int, num_dev
                     f"--hybrid-placement: device index {index} out of range for {num_devices} device(s)"
                 )
     return parts["encoder"], parts["decoder"]
+
+
+def check_options(cfg) -> None:
+    """The checks of the ``--hybrid-*`` options that need neither the model
+    nor the machine; :func:`build_plan` checks the rest."""
+    devices = getattr(cfg, "hybrid_devices", "")
+    placement = getattr(cfg, "hybrid_placement", "")
+    cost_model = getattr(cfg, "hybrid_cost_model", "")
+    if not devices:
+        if placement or cost_model:
+            raise DevicePlanError("--hybrid-placement and --hybrid-cost-model need --hybrid-devices")
+        return
+    if cost_model and placement != "auto":
+        raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto only")
+    chunk_length = getattr(cfg, "hybrid_chunk_length", 0)
+    if chunk_length < 0:
+        raise DevicePlanError(f"--hybrid-chunk-length must be >= 0, got {chunk_length}")
+    timeout = getattr(cfg, "hybrid_timeout", 1.0)
+    if not timeout > 0:
+        raise DevicePlanError(f"--hybrid-timeout must be > 0 seconds, got {timeout}")
 
 
 def build_plan(devices: str, placement: str, mode: str, encoder_layers: int, decoder_layers: int) -> DevicePlan:

@@ -72,3 +72,34 @@ class Replicas:
                 grad = arrive(param.grad, master.device)
                 master.grad = grad.clone() if master.grad is None else master.grad.add_(grad)
                 param.grad = None
+
+
+class ModelReplicas:
+    """The replicas a group keeps of one ``hybrid_lstm`` model: of its
+    attention-softmax part, of each direction of a bidirectional encoder
+    layer that runs on its partner device, and (``data`` mode) of the whole
+    model.  Made on first use and kept from step to step."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.cache: Dict[str, Replicas] = {}
+
+    def attention_softmax(self) -> Replicas:
+        return self._get("attention_softmax", self.model.decoder.attention_softmax)
+
+    def direction(self, layer: int, reverse: bool) -> Replicas:
+        """Replicas of one direction of a bidirectional encoder layer (the
+        module the encoder stack hands out for it, which shares the layer's
+        Parameters)."""
+        master = self.model.encoder.stack.direction(layer, reverse)
+        return self._get(f"encoder layer {layer} {'reverse' if reverse else 'forward'}", master)
+
+    def whole_model(self) -> Replicas:
+        model = self.model
+        return self._get("model", model, lambda m: type(m)(copy.deepcopy(m.encoder), copy.deepcopy(m.decoder)))
+
+    def _get(self, key: str, master: nn.Module, make_copy=copy.deepcopy) -> Replicas:
+        if key not in self.cache or self.cache[key].master is not master:
+            self.cache[key] = Replicas(master, make_copy)
+        return self.cache[key]
+

@@ -1,4 +1,5 @@
-"""Replaying a step's cell schedule to predict its time on other machines.
+"""The schedule simulator: a step's cells replayed with a cost model, to
+predict the step's time on other machines (and for other placements).
 
 The hybrid engine runs a step as cells in a fixed order per device
 (:mod:`.wavefront`).  Given what each cell costs, replaying that order
@@ -16,17 +17,24 @@ with the same dependencies gives the step's time without running it:
 Costs come from a :class:`CostModel`: floating-point operations per cell
 (from the cell's :class:`~.cell_graph.Work`) divided by a rate per kind of
 cell and phase, plus a fixed cost per cell call; rates and fixed costs are
-fitted to cell times measured on this machine (``calibrate``) or given for
+fitted to cell times measured on this machine (:func:`fit`) or given for
 a device we do not have.
+
+:func:`step_time` lays out the cells with the engine's own step builder
+(:mod:`.step_cells`, on any model, even one whose parameters live on
+torch's ``meta`` device) and replays them, so the simulated schedule is
+the engine's schedule, cell for cell.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .cell_graph import Cell, CellTime, Work
+from .device_plan import DevicePlan, DevicePlanError
+from .step_cells import build_data_parallel_step, build_hybrid_step
 from .wavefront import CellSpec, clocks
 
 PHASES = ("forward", "backward")
@@ -88,14 +96,19 @@ class CostModel:
             return self.link_latency
         return self.link_latency + input_bytes(work) / self.link_bandwidth
 
-    def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(asdict(self), f, indent=2)
-
     @classmethod
     def load(cls, path: str) -> "CostModel":
-        with open(path) as f:
-            return cls(**json.load(f))
+        """The cost model in ``path``: ``scripts/simulate_schedule.py
+        --json`` output (its ``cost_model``) or a cost model alone.  A
+        missing or malformed file is a DevicePlanError naming it (the file
+        is given as ``--hybrid-cost-model``)."""
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return cls(**data.get("cost_model", data))
+        except (OSError, ValueError, TypeError, AttributeError) as error:
+            raise DevicePlanError(f"--hybrid-cost-model {path}: not a cost model ({error}); write one with "
+                                  "scripts/simulate_schedule.py DATA --json FILE") from error
 
 
 def fit(samples: Sequence[Tuple[Work, str, float]], step_overhead: float = 0.0) -> CostModel:
@@ -189,3 +202,40 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
         free[cell.worker] = done[i]
     backward = max(done, default=0.0)
     return forward, backward
+
+
+def _no_loss(*args):
+    raise RuntimeError("simulated cells are never run")
+
+
+def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk_length: int = 0,
+              physical_devices: Optional[Sequence[int]] = None) -> StepTime:
+    """Predicted time of one step of ``model`` under ``plan``."""
+    params = {name: p.numel() for name, p in model.named_parameters()}
+    if plan.mode == "data":
+        built = build_data_parallel_step(model, plan, net_input, target, _no_loss)
+        single = DevicePlan([plan.devices[0]], [0] * len(plan.encoder), [0] * len(plan.decoder), "hybrid")
+        shard_cost: Dict[int, Tuple[float, float]] = {}  # by the shard's first row
+
+        def whole_model(cell, phase):
+            rows = slice(*cell.work.sizes)
+            if rows.start not in shard_cost:
+                sub_input = {key: value[rows] for key, value in net_input.items()}
+                sub = build_hybrid_step(model, single, sub_input, target[rows], _no_loss, chunk_length)
+                shard_cost[rows.start] = replay(sub.step.cells, 1, cost)
+            return shard_cost[rows.start][0 if phase == "forward" else 1]
+
+        forward, backward = replay(built.step.cells, plan.size, cost, physical_devices, whole_model)
+        copied = sum(params.values())
+    else:
+        built = build_hybrid_step(model, plan, net_input, target, _no_loss, chunk_length)
+        forward, backward = replay(built.step.cells, plan.size, cost, physical_devices)
+        copied = sum(v for k, v in params.items() if k.startswith("decoder.attention_softmax."))
+    physical = set(physical_devices) if physical_devices is not None else set(range(plan.size))
+    workers = set(built.replica_workers)
+    replica_devices = len({(physical_devices or list(range(plan.size)))[w] for w in workers}) - 1 if workers else 0
+    extra = cost.step_overhead
+    if replica_devices > 0 and len(physical) > 1 and cost.link_bandwidth != float("inf"):
+        # parameters out to each other device and gradients back, one after another
+        extra += 2 * replica_devices * (cost.link_latency + 4.0 * copied / cost.link_bandwidth)
+    return StepTime(forward, backward, extra)

@@ -1,4 +1,5 @@
-"""One training step of ``hybrid_lstm`` cut into cells for the hybrid engine.
+"""One training step of a ``hybrid_lstm`` model cut into cells for a
+hybrid group (see docs/design.md for the schedule drawn out).
 
 The cells, each on the device of the plan that owns its parameters:
 
@@ -23,6 +24,9 @@ The cells, each on the device of the plan that owns its parameters:
 Every cell computes what the single-device model computes for its piece,
 so the step's loss and gradients equal the single-device ones.
 
+Every cell names its outputs (``"h"``, ``"c"``, ``"chunk 2"``,
+``"shard 1"``) and its readers refer to them by name (``StepBuilder.ref``).
+
 Everything a cell reads from the batch (token ids, length order, reversal
 indices, padding masks, target positions that count, dropout masks) is put
 on that cell's device by the calling thread before the step's jobs start
@@ -39,15 +43,14 @@ import torch
 from torch import Tensor
 
 from ..criterions.fused_output_loss import KeptTargets, kept_targets
-from ..parallel.batch_shards import batch_slices, sum_on
-from ..parallel.cell_graph import Cell, Work, run_cells
-from ..parallel.device_plan import DevicePlan
-from ..parallel.replicas import Replicas
-from ..parallel.seeded_dropout import given_masks
-from ..parallel.transfer import arrive, to_devices
-from ..parallel.wavefront import Ref
-from ..parallel.worker import DEFAULT_TIMEOUT, worker_group
-from .lstm_stacks import reversed_positions
+from .batch_shards import batch_slices, sum_on
+from .cell_graph import Cell, Work, run_cells
+from .device_plan import DevicePlan
+from .replicas import ModelReplicas, Replicas
+from .single_device_masks import draw_single_device_masks, with_masks
+from .transfer import arrive, to_devices
+from .wavefront import Ref
+from .worker import DEFAULT_TIMEOUT, worker_group
 
 # A layer's output: for each time chunk, the refs of the parts that are
 # concatenated along the feature dimension (the two directions of a
@@ -63,76 +66,35 @@ def time_chunks(length: int, chunk_length: int, count: int) -> List[slice]:
     return batch_slices(max(length, 1), count)
 
 
-class StepBuilder:
-    """Collects the cells of one step; ``add`` returns the new cell's index."""
+def chunk_names(count: int) -> List[str]:
+    return [f"chunk {c}" for c in range(count)]
 
-    def __init__(self, model, plan: DevicePlan):
+
+def shard_names(count: int) -> List[str]:
+    return [f"shard {k}" for k in range(count)]
+
+
+class StepBuilder:
+    """Collects the cells of one step; ``add`` returns the new cell's index
+    and ``ref`` names one of its outputs for the cells that read it."""
+
+    def __init__(self, model, plan: DevicePlan, replicas: ModelReplicas):
         self.model = model
         self.plan = plan
+        self.replicas = replicas
         self.devices = plan.devices
         self.cells: List[Cell] = []
 
     def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
-            work: Optional[Work] = None) -> int:
-        self.cells.append(Cell(name, worker, list(inputs), run, work))
+            work: Optional[Work] = None, outputs: Optional[Sequence[str]] = None) -> int:
+        self.cells.append(Cell(name, worker, list(inputs), run, work, tuple(outputs) if outputs else None))
         return len(self.cells) - 1
 
-
-class SingleDeviceMasks(NamedTuple):
-    """The dropout masks the single-device model draws for a batch, in its
-    order: source embedding, each encoder layer, target embedding, each
-    decoder layer, attentional features (batch order, full length)."""
-
-    source: Tensor
-    encoder: List[Tensor]
-    target: Tensor
-    decoder: List[Tensor]
-    features: Tensor
-
-    def in_order(self, rows=slice(None)) -> List[Tensor]:
-        return [self.source[rows], *(m[rows] for m in self.encoder), self.target[rows],
-                *(m[rows] for m in self.decoder), self.features[rows]]
-
-
-def draw_single_device_masks(model, source_width: int, target_width: int, batch: int) -> Optional[SingleDeviceMasks]:
-    """Draw, from torch's global generator and in the single-device model's
-    order and memory layouts, exactly the masks its dropout calls would draw
-    (``F.dropout`` on CPU: ``empty_like(x).bernoulli_(1 - p).div_(1 - p)``);
-    None when dropout is off.  Without residual connections: with them the
-    layouts of the decoder's sums are torch's choice, and the masks are
-    still correct dropout masks but not the single-device ones."""
-    encoder, decoder = model.encoder.stack, model.decoder.stack
-    p = encoder.dropout.p
-    if not model.training or p == 0.0 or not torch.is_grad_enabled():
-        return None
-    keep = 1.0 - p
-    weight = encoder.embed_tokens.weight
-
-    def draw(width, size, time_major=False):
-        # bernoulli_ fills in memory order, and a batch-first nn.LSTM without
-        # packing returns a time-major tensor seen batch first: draw as it does
-        shape = (width, batch, size) if time_major else (batch, width, size)
-        mask = torch.empty(shape, dtype=weight.dtype, device=weight.device).bernoulli_(keep).div_(keep)
-        return mask.transpose(0, 1) if time_major else mask
-
-    source = draw(source_width, encoder.embed_tokens.embedding_dim)
-    encoder_masks = [draw(source_width, size) for _, size, _ in encoder.sizes]
-    target = draw(target_width, decoder.embed_tokens.embedding_dim)
-    decoder_masks = [draw(target_width, decoder.hidden_size, time_major=True) for _ in decoder.layers]
-    features = draw(target_width, model.decoder.attention_softmax.output_weight.size(1))
-    return SingleDeviceMasks(source, encoder_masks, target, decoder_masks, features)
-
-
-def _masked(masks: Optional[List[Tensor]], run: Callable[..., Sequence[Tensor]]) -> Callable[..., Sequence[Tensor]]:
-    """``run`` with its dropout calls taking ``masks`` (None: draw as usual)."""
-    if masks is None:
-        return run
-
-    def with_masks(*args):
-        with given_masks(masks):
-            return run(*args)
-
-    return with_masks
+    def ref(self, cell: int, output: str) -> Ref:
+        names = self.cells[cell].outputs
+        if not names or output not in names:
+            raise KeyError(f"cell {self.cells[cell].name!r} has no output {output!r} (it has {names})")
+        return cell, names.index(output)
 
 
 def _kept_on(target: Tensor, pad: int, device: torch.device) -> KeptTargets:
@@ -154,20 +116,14 @@ class BuiltStep(NamedTuple):
     more_replicas: Tuple[Tuple[Replicas, Tuple[int, ...]], ...] = ()
 
 
-def hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
-                chunk_length: int, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor, ...]:
-    """The summed shard losses of one batch, computed by the cells of the
-    ``hybrid`` or ``model`` mode on the plan's workers."""
-    return _run(build_hybrid_step(model, plan, net_input, target, shard_loss, chunk_length), timeout)
-
-
 class _Batch:
     """What every cell builder of one hybrid step needs to know about the
     batch (the length order of the encoder rows, the time chunks, the batch
     shards of the attention-softmax part, the dropout masks to take), and
     the batch's tensors on the devices of the cells that read them."""
 
-    def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int):
+    def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int,
+                 single_device_masks: bool):
         encoder = model.encoder.stack
         devices = plan.devices
         src_tokens = encoder.right_padded(net_input["src_tokens"])
@@ -185,7 +141,7 @@ class _Batch:
         self.shard_workers = plan.shard_workers[: len(self.shards)]
         self.shard_devices = [devices[worker] for worker in self.shard_workers]
         self.masks = None
-        if getattr(model, "dropout_masks", "per-cell") == "single-device":
+        if single_device_masks:
             self.masks = draw_single_device_masks(model, self.source_width, net_input["prev_output_tokens"].size(1),
                                                   target.size(0))
 
@@ -194,7 +150,8 @@ class _Batch:
                                     plan.encoder_device(0))
         self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
         self.restore_on = to_devices(self.restore, devices)
-        self.reversed_positions = to_devices(reversed_positions(self.sorted_lengths, self.source_width), devices)
+        self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
+                                             devices)
         padding_mask = src_tokens.eq(encoder.padding_idx)
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
@@ -214,16 +171,19 @@ class _Batch:
 
 
 def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
-                      chunk_length: int) -> BuiltStep:
+                      chunk_length: int = 0, replicas: Optional[ModelReplicas] = None,
+                      single_device_masks: bool = False) -> BuiltStep:
     """The cells of one ``hybrid`` or ``model`` step, in the order that
-    fixes their dropout seeds: encoder, its top states, decoder, shards."""
-    step = StepBuilder(model, plan)
-    batch = _Batch(model, plan, net_input, target, chunk_length)
+    fixes their dropout seeds: encoder, its top states, decoder, shards.
+    ``replicas``: the group's replica caches (fresh ones when not given,
+    as for the schedule simulator, which never runs the cells)."""
+    step = StepBuilder(model, plan, replicas or ModelReplicas(model))
+    batch = _Batch(model, plan, net_input, target, chunk_length, single_device_masks)
     encoder_output, final_states, direction_replicas = _add_encoder(step, batch)
-    encoder_pieces = _add_encoder_top(step, batch, encoder_output)
+    encoder_shards = _add_encoder_top(step, batch, encoder_output)
     decoder_chunks = _add_decoder(step, batch, final_states)
-    outputs, replicas = _add_attention_softmax(step, batch, shard_loss, encoder_pieces, decoder_chunks)
-    return BuiltStep(step, outputs, replicas, batch.shard_workers, tuple(direction_replicas))
+    outputs, attention_replicas = _add_attention_softmax(step, batch, shard_loss, encoder_shards, decoder_chunks)
+    return BuiltStep(step, outputs, attention_replicas, batch.shard_workers, tuple(direction_replicas))
 
 
 def _add_encoder(step: StepBuilder, batch: _Batch):
@@ -233,6 +193,8 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
     encoder, plan = step.model.encoder.stack, step.plan
     order, sorted_lengths, source_chunks = batch.order, batch.sorted_lengths, batch.source_chunks
     pick = batch.pick
+    count = len(source_chunks)
+    chunks = chunk_names(count)
 
     def embed_source():
         x = encoder.embed(batch.sorted_source)
@@ -240,12 +202,11 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
 
     source_tokens = batch.source_tokens
     embedding = step.add("source embedding", plan.encoder[0], [],
-                         _masked(pick(lambda m: m.source[order], plan.encoder_device(0)), embed_source),
-                         Work("embedding", source_tokens, (encoder.embed_tokens.embedding_dim,)))
-    below: LayerOutput = [[(embedding, c)] for c in range(len(source_chunks))]
+                         with_masks(pick(lambda m: m.source[order], plan.encoder_device(0)), embed_source),
+                         Work("embedding", source_tokens, (encoder.embed_tokens.embedding_dim,)), chunks)
+    below: LayerOutput = [[step.ref(embedding, chunk)] for chunk in chunks]
     final_states: List[Tuple[List[Ref], List[Ref]]] = []
     direction_replicas = []
-    count = len(source_chunks)
     for layer, module in enumerate(encoder.layers):
         worker = plan.encoder[layer]
         if module.bidirectional:
@@ -257,7 +218,7 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                 replicas = None
                 if direction_worker != worker:
                     # the direction's weights live with the layer: a replica on the partner
-                    replicas = step.model.direction_replicas(layer, reverse)
+                    replicas = step.replicas.direction(layer, reverse)
                     direction_replicas.append((replicas, (direction_worker,)))
 
                 def run_direction(*parts, layer=layer, reverse=reverse, width=len(below[0]), master=master,
@@ -277,9 +238,9 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                 half = slice(module.hidden_size, None) if reverse else slice(0, module.hidden_size)
                 mask = pick(lambda m, layer=layer, half=half: m.encoder[layer][order][..., half], device)
                 halves.append(step.add(name, direction_worker, [ref for chunk in below for ref in chunk],
-                                       _masked(mask, run_direction), work))
-            below = [[(half, c) for half in halves] for c in range(count)]
-            final_states.append(([(half, count) for half in halves], [(half, count + 1) for half in halves]))
+                                       with_masks(mask, run_direction), work, chunks + ["h", "c"]))
+            below = [[step.ref(half, chunk) for half in halves] for chunk in chunks]
+            final_states.append(([step.ref(half, "h") for half in halves], [step.ref(half, "c") for half in halves]))
         else:
             previous = None
             chunk_cells = []
@@ -289,22 +250,23 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                     state = None if first else (args[width], args[width + 1])
                     return encoder.run_chunk(layer, x, sorted_lengths, start, state)
 
-                state_refs = [] if previous is None else [(previous, 1), (previous, 2)]
+                state_refs = [] if previous is None else [step.ref(previous, "h"), step.ref(previous, "c")]
                 tokens = int((sorted_lengths - chunk.start).clamp(min=0, max=chunk.stop - chunk.start).sum())
                 work = Work("lstm", tokens, (module.input_size, module.hidden_size, chunk.stop - chunk.start))
                 mask = pick(lambda m, layer=layer, chunk=chunk: m.encoder[layer][order][:, chunk],
                             plan.encoder_device(layer))
                 previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs,
-                                    _masked(mask, run_chunk), work)
+                                    with_masks(mask, run_chunk), work, ("out", "h", "c"))
                 chunk_cells.append(previous)
-            below = [[(cell, 0)] for cell in chunk_cells]
-            final_states.append(([(previous, 1)], [(previous, 2)]))
+            below = [[step.ref(cell, "out")] for cell in chunk_cells]
+            final_states.append(([step.ref(previous, "h")], [step.ref(previous, "c")]))
     return below, final_states, direction_replicas
 
 
 def _add_encoder_top(step: StepBuilder, batch: _Batch, below: LayerOutput) -> int:
     """One cell that joins the top encoder layer's chunks, puts the rows
-    back in batch order and cuts them into the batch shards."""
+    back in batch order and cuts them into the batch shards (its outputs
+    ``shard k``)."""
     encoder = step.model.encoder.stack
     count = len(below)
 
@@ -316,15 +278,18 @@ def _add_encoder_top(step: StepBuilder, batch: _Batch, below: LayerOutput) -> in
         return tuple(x[rows] for rows in batch.shards)
 
     return step.add("encoder top states", step.plan.encoder[-1], [ref for chunk in below for ref in chunk],
-                    encoder_top, Work("gather", batch.rows * batch.source_width, (encoder.output_size,)))
+                    encoder_top, Work("gather", batch.rows * batch.source_width, (encoder.output_size,)),
+                    shard_names(len(batch.shards)))
 
 
 def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
     """Target embedding and decoder layers; chunk 0 of layer ``l`` starts
     from encoder layer ``l``'s final state.  Returns the top layer's chunk
-    cells, whose outputs 2.. are the chunk's rows of each batch shard."""
+    cells, whose outputs ``shard k`` are the chunk's rows of each batch
+    shard."""
     decoder, plan = step.model.decoder.stack, step.plan
     prev_output_tokens, target_chunks, shards = batch.prev_output_tokens, batch.target_chunks, batch.shards
+    chunks = chunk_names(len(target_chunks))
 
     def embed_target():
         y = decoder.embed(prev_output_tokens)
@@ -332,17 +297,18 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
 
     rows_in_batch = prev_output_tokens.size(0)
     embedding = step.add("target embedding", plan.decoder[0], [],
-                         _masked(batch.pick(lambda m: m.target, plan.decoder_device(0)), embed_target),
-                         Work("embedding", prev_output_tokens.numel(), (decoder.embed_tokens.embedding_dim,)))
-    below = [[(embedding, c)] for c in range(len(target_chunks))]
+                         with_masks(batch.pick(lambda m: m.target, plan.decoder_device(0)), embed_target),
+                         Work("embedding", prev_output_tokens.numel(), (decoder.embed_tokens.embedding_dim,)), chunks)
+    below = [step.ref(embedding, chunk) for chunk in chunks]
     top_layer = len(decoder.layers) - 1
     for layer in range(len(decoder.layers)):
         worker = plan.decoder[layer]
+        outputs = ["h", "c", *shard_names(len(shards))] if layer == top_layer else ["h", "c", "out"]
         previous = None
         chunk_cells = []
         for c in range(len(target_chunks)):
             if previous is not None:
-                state_refs = [(previous, 0), (previous, 1)]
+                state_refs = [step.ref(previous, "h"), step.ref(previous, "c")]
             elif layer < len(final_states):
                 state_refs = final_states[layer][0] + final_states[layer][1]
             else:
@@ -367,14 +333,15 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
             work = Work("lstm", rows_in_batch * steps, (module.input_size, module.hidden_size, steps))
             mask = batch.pick(lambda m, layer=layer, chunk=target_chunks[c]: m.decoder[layer][:, chunk],
                               plan.decoder_device(layer))
-            previous = step.add(f"decoder layer {layer} chunk {c}", worker, below[c] + state_refs,
-                                _masked(mask, run_chunk), work)
+            previous = step.add(f"decoder layer {layer} chunk {c}", worker, [below[c]] + state_refs,
+                                with_masks(mask, run_chunk), work, outputs)
             chunk_cells.append(previous)
-        below = [[(cell, 2)] for cell in chunk_cells]
+        if layer != top_layer:
+            below = [step.ref(cell, "out") for cell in chunk_cells]
     return chunk_cells
 
 
-def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder_pieces: int,
+def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder_shards: int,
                            decoder_chunks: List[int]) -> Tuple[List[int], Replicas]:
     """One cell per (batch shard, time chunk): the shard's device starts on
     a chunk as soon as the top decoder layer has produced it, with its own
@@ -382,10 +349,10 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
     model, plan = step.model, step.plan
     encoder, decoder = model.encoder.stack, model.decoder.stack
     part = model.decoder.attention_softmax
-    replicas = model.attention_softmax_replicas()
+    replicas = step.replicas.attention_softmax()
     master_worker = plan.decoder[0]
     outputs = []
-    for k, (rows, worker) in enumerate(zip(batch.shards, batch.shard_workers)):
+    for k, (rows, worker, shard) in enumerate(zip(batch.shards, batch.shard_workers, shard_names(len(batch.shards)))):
         device = plan.devices[worker]
         for c, chunk in enumerate(batch.target_chunks):
             def run_shard(states, encoder_states, worker=worker, k=k, c=c, device=device):
@@ -395,30 +362,26 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
                 return shard_loss(features, replica.output_weight, replica.output_bias, batch.targets[k][c],
                                   batch.kept[k][c])
 
-            inputs = [(decoder_chunks[c], 2 + k), (encoder_pieces, k)]
+            inputs = [step.ref(decoder_chunks[c], shard), step.ref(encoder_shards, shard)]
             work = Work("attention_softmax", (rows.stop - rows.start) * (chunk.stop - chunk.start),
                         (decoder.hidden_size, encoder.output_size, part.output_weight.size(1),
                          part.output_weight.size(0), batch.source_width))
             mask = batch.pick(lambda m, rows=rows, chunk=chunk: m.features[rows, chunk], device)
-            outputs.append(step.add(f"attention-softmax shard {k} chunk {c}", worker, inputs,
-                                    _masked(mask, run_shard), work))
+            outputs.append(step.add(f"attention-softmax {shard} chunk {c}", worker, inputs,
+                                    with_masks(mask, run_shard), work))
     return outputs, replicas
 
 
-def data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
-                       shard_loss, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor, ...]:
+def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
+                             shard_loss, replicas: Optional[ModelReplicas] = None,
+                             single_device_masks: bool = False) -> BuiltStep:
     """Pure data parallelism inside one process: a whole-model replica per
     device, each on a contiguous batch shard."""
-    return _run(build_data_parallel_step(model, plan, net_input, target, shard_loss), timeout)
-
-
-def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
-                             shard_loss) -> BuiltStep:
-    step = StepBuilder(model, plan)
+    step = StepBuilder(model, plan, replicas or ModelReplicas(model))
     shards = batch_slices(target.size(0), plan.size)
-    replicas = model.whole_model_replicas()
+    whole_models = step.replicas.whole_model()
     masks = None
-    if getattr(model, "dropout_masks", "per-cell") == "single-device":
+    if single_device_masks:
         masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
                                          net_input["prev_output_tokens"].size(1), target.size(0))
     pad = model.decoder.dictionary.pad()
@@ -433,7 +396,7 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
         kept = _kept_on(target[rows], pad, device)
 
         def run_shard(worker=worker, device=device, shard_input=shard_input, shard_target=shard_target, kept=kept):
-            replica = model if worker == 0 else replicas.on(worker, device, step)
+            replica = model if worker == 0 else whole_models.on(worker, device, step)
             rnn_out = replica.forward_rnn(**shard_input)
             part = replica.decoder.attention_softmax
             features, _ = part.features(*rnn_out)
@@ -441,11 +404,11 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
 
         work = Work("whole_model", rows.stop - rows.start, (rows.start, rows.stop))
         shard_masks = None if masks is None else [arrive(mask, device) for mask in masks.in_order(rows)]
-        outputs.append(step.add(f"whole-model shard {worker}", worker, [], _masked(shard_masks, run_shard), work))
-    return BuiltStep(step, outputs, replicas, list(range(len(shards))))
+        outputs.append(step.add(f"whole-model shard {worker}", worker, [], with_masks(shard_masks, run_shard), work))
+    return BuiltStep(step, outputs, whole_models, list(range(len(shards))))
 
 
-def _run(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor, ...]:
+def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor, ...]:
     """Run the cells; return the shards' results added on the first shard's
     device.  After the backward pass the replicas' gradients go to the
     master parameters."""

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import build_model, make_dictionary
-from fairseq_hybrid.models.step_simulation import batch, best_placement, placements, step_time, twin_model
+from fairseq_hybrid.parallel.placement_search import batch, best_placement, placements, twin_model
 from fairseq_hybrid.parallel.cell_graph import Cell, Work
 from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan
-from fairseq_hybrid.parallel.schedule_sim import CostModel, fit, flops, replay
+from fairseq_hybrid.parallel.schedule_simulator import CostModel, fit, flops, replay, step_time
 from test_hybrid_exactness import check_equal
 
 
@@ -63,13 +63,13 @@ def test_auto_placement_is_no_slower_than_the_default_and_stays_exact(dictionari
     model, cfg = twin_model("hybrid_lstm_base", 8000)
     cfg.hybrid_chunk_length = 0
     devices = [torch.device("cpu")] * 2
-    placement, predicted = best_placement(model, cfg, devices)
+    placement, predicted, _ = best_placement(model, cfg, devices)
     net_input, target = batch(64, [24] * 64, 24)
     default = step_time(model, build_plan("cpu,cpu", "", "hybrid", 2, 2), net_input, target, CostModel())
     assert predicted.total <= default.total
     built = build_model("hybrid_lstm_tiny", make_dictionary(), make_dictionary(), hybrid_devices="cpu,cpu",
                         hybrid_placement="auto")
-    assert built.plan is not None and len(built.plan.encoder) == 2
+    assert built.hybrid_group is not None and len(built.hybrid_group.plan.encoder) == 2
     check_equal(["cpu"] * 2, "hybrid", dictionaries, group_options={"hybrid_placement": "auto"})
 
 
@@ -83,7 +83,7 @@ def test_auto_placement_under_a_measured_cost_model(dictionaries, tmp_path):
     devices = [torch.device("cpu")] * 2
     skewed = CostModel(rates={"lstm/backward": 1e6, "attention_softmax/forward": float("inf"),
                               "attention_softmax/backward": float("inf")})
-    placement, predicted = best_placement(model, cfg, devices, skewed)
+    placement, predicted, _ = best_placement(model, cfg, devices, skewed)
     assert placement != best_placement(model, cfg, devices)[0]  # the costs decide, not the FLOPs alone
     net_input, target = batch(64, [24] * 64, 24)
     assert predicted.total == pytest.approx(
@@ -97,7 +97,7 @@ def test_auto_placement_under_a_measured_cost_model(dictionaries, tmp_path):
     path.write_text(json.dumps({"cost_model": {**skewed.__dict__}, "validation": {}}))
     built = build_model("hybrid_lstm_tiny", make_dictionary(), make_dictionary(), hybrid_devices="cpu,cpu",
                         hybrid_placement="auto", hybrid_cost_model=str(path))
-    assert built.plan is not None
+    assert built.hybrid_group is not None
     with pytest.raises(DevicePlanError, match="--hybrid-cost-model .*missing.json"):
         build_model("hybrid_lstm_tiny", make_dictionary(), make_dictionary(), hybrid_devices="cpu,cpu",
                     hybrid_placement="auto", hybrid_cost_model=str(tmp_path / "missing.json"))

@@ -1,0 +1,110 @@
+"""The hybrid scheme around one ``hybrid_lstm`` model, in the spirit of
+torchgpipe's ``GPipe(module, balance)``: the model computes, the group
+decides where and how.
+
+A :class:`HybridGroup` is made by the model's ``build_model`` when
+``--hybrid-devices`` is given.  It owns the plan (which device runs which
+layer, checked once from the options), puts the layers on their devices,
+keeps the replicas of the parts that run away from their home device, and
+runs each training step as cells on its workers
+(:mod:`.step_cells`).  It is not a module: the model's parameter names,
+and so its checkpoints, are the same with and without a group.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Tuple
+
+from torch import Tensor
+
+from .device_plan import DevicePlan, build_plan, check_options, plan_table
+from .placement_search import auto_placement
+from .replicas import ModelReplicas
+from .step_cells import build_data_parallel_step, build_hybrid_step, run_step
+from .worker import DEFAULT_TIMEOUT
+
+logger = logging.getLogger(__name__)
+
+
+class HybridGroup:
+    def __init__(self, model, plan: DevicePlan, chunk_length: int = 0, dropout_masks: str = "per-cell",
+                 timeout: float = DEFAULT_TIMEOUT):
+        self.model = model
+        self.plan = plan
+        self.chunk_length = chunk_length
+        self.dropout_masks = dropout_masks
+        self.timeout = timeout
+        self.replicas = ModelReplicas(model)
+        self.place()
+
+    @classmethod
+    def from_options(cls, model, cfg) -> Optional["HybridGroup"]:
+        """The group the ``--hybrid-*`` options ask for (None without
+        ``--hybrid-devices``), its layers already on their devices."""
+        check_options(cfg)
+        if not cfg.hybrid_devices:
+            return None
+        placement = cfg.hybrid_placement
+        if placement == "auto" and cfg.hybrid_mode != "data":
+            placement = auto_placement(model, cfg)
+        plan = build_plan(cfg.hybrid_devices, placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers)
+        group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout))
+        logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, group.placement_table())
+        return group
+
+    def place(self) -> None:
+        """Move every layer to its device: embeddings with the bottom layer,
+        bridges with their decoder layer, the attention-softmax master (and
+        a tied output embedding) with the bottom decoder layer."""
+        plan, model = self.plan, self.model
+        encoder, decoder = model.encoder.stack, model.decoder.stack
+        encoder.embed_tokens.to(plan.encoder_device(0))
+        for layer, module in enumerate(encoder.layers):
+            module.to(plan.encoder_device(layer))
+        decoder.embed_tokens.to(plan.decoder_device(0))
+        for layer, module in enumerate(decoder.layers):
+            for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
+                part.to(plan.decoder_device(layer))
+        model.decoder.attention_softmax.to(plan.decoder_device(0))
+
+    def placement_rows(self) -> List[Tuple[str, str, int]]:
+        """``(part, device, parameters)`` of every placed part."""
+        encoder, decoder = self.model.encoder.stack, self.model.decoder.stack
+
+        def count(*modules):
+            return sum(p.numel() for m in modules for p in m.parameters())
+
+        def where(module):
+            return str(next(module.parameters()).device)
+
+        rows = [("encoder embeddings", where(encoder.embed_tokens), count(encoder.embed_tokens))]
+        for layer, module in enumerate(encoder.layers):
+            kind = "bidirectional" if module.bidirectional else "LSTM"
+            rows.append((f"encoder layer {layer} ({kind})", where(module), count(module)))
+        rows.append(("decoder embeddings", where(decoder.embed_tokens), count(decoder.embed_tokens)))
+        for layer, module in enumerate(decoder.layers):
+            rows.append((f"decoder layer {layer} (+bridge)", where(module),
+                         count(module, decoder.bridges_h[layer], decoder.bridges_c[layer])))
+        part = self.model.decoder.attention_softmax
+        shards = ", ".join(str(d) for d in self.plan.shard_devices)
+        shared = part.output_weight is decoder.embed_tokens.weight
+        rows.append(("attention-softmax" + (" (tied)" if shared else ""), f"master {where(part)}; shards {shards}",
+                     count(part) - (part.output_weight.numel() if shared else 0)))
+        return rows
+
+    def placement_table(self) -> str:
+        rows = [(name, device, f"{params:,}") for name, device, params in self.placement_rows()]
+        return plan_table([("part", "device", "parameters")] + rows)
+
+    def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss) -> Tuple[Tensor, ...]:
+        """The summed shard losses of one batch, its cells run on the
+        group's workers; their backward runs the reverse wavefront."""
+        masks = self.dropout_masks == "single-device"
+        if self.plan.mode == "data":
+            built = build_data_parallel_step(self.model, self.plan, net_input, target, shard_loss, self.replicas,
+                                             masks)
+        else:
+            built = build_hybrid_step(self.model, self.plan, net_input, target, shard_loss, self.chunk_length,
+                                      self.replicas, masks)
+        return run_step(built, self.timeout)
