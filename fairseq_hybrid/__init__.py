@@ -7,42 +7,19 @@ fairseq_hybrid``) registers with fairseq:
   ``hybrid_lstm_base``, ``hybrid_lstm_paper``),
 * the ``hybrid_cross_entropy`` criterion,
 
-allowlists the classes that fairseq checkpoints pickle, so that
-``torch.load``'s safe ``weights_only`` mode can stay on, lets a
-checkpoint from a hybrid group load where its devices are missing, and
-makes fairseq's copies of a checkpoint (to ``checkpoint_last.pt``) atomic,
-makes fairseq's gradient clipping and ``--fp16`` optimizer correct for
-parameters on several devices, refuses fairseq options a group cannot
-serve before training starts, keeps ``--patience``'s count in checkpoints,
-and, with ``FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1``,
+installs this package's changes to fairseq (:mod:`.fairseq_patches`:
+safe checkpoint loading, checkpoints portable across machines, atomic
+checkpoint copies, clipping and ``--fp16`` for parameters on several
+devices, ``--patience`` kept in checkpoints, options a group cannot serve
+refused before training) and, with ``FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1``,
 turns on the virtual-device test harness.
 """
 
 __version__ = "0.1.0"
 
-from . import checkpoint_safety  # noqa: E402
+from . import fairseq_patches  # noqa: E402
 
-checkpoint_safety.install()
-
-from . import checkpoint_portability  # noqa: E402
-
-checkpoint_portability.install()
-
-from . import atomic_checkpoint_copy  # noqa: E402
-
-atomic_checkpoint_copy.install()
-
-from . import multi_device_optim  # noqa: E402
-
-multi_device_optim.install()
-
-from . import patience_state  # noqa: E402
-
-patience_state.install()
-
-from . import trainer_checks  # noqa: E402
-
-trainer_checks.install()
+fairseq_patches.install()
 
 from . import virtual_devices  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch
 from fairseq import checkpoint_utils
 from omegaconf import OmegaConf
 
-from fairseq_hybrid.checkpoint_safety import UnsafeCheckpointError
+from fairseq_hybrid.fairseq_patches.checkpoint_safety import UnsafeCheckpointError
 
 SIDE_EFFECTS = []
 
@@ -52,7 +52,7 @@ def test_allowlist_holds_no_code_running_callables():
     import builtins
     import subprocess
 
-    from fairseq_hybrid.checkpoint_safety import allowed_globals
+    from fairseq_hybrid.fairseq_patches.checkpoint_safety import allowed_globals
 
     allowed = allowed_globals()
     for dangerous in (builtins.eval, builtins.exec, builtins.getattr, builtins.__import__, os.system, subprocess.Popen):
@@ -104,7 +104,7 @@ def test_a_checkpoint_loads_where_its_devices_or_cost_model_are_missing(tmp_path
 
     import torch
 
-    from fairseq_hybrid.checkpoint_portability import make_portable
+    from fairseq_hybrid.fairseq_patches.checkpoint_portability import make_portable
 
     present = tmp_path / "simulation.json"
     present.write_text("{}")

@@ -18,12 +18,10 @@ import collections
 import functools
 import pickle
 import re
+from typing import Callable
 
 import numpy as np
 import torch
-
-_INSTALLED = False
-
 
 def allowed_globals() -> list:
     """The non-builtin classes a fairseq checkpoint may pickle.
@@ -85,29 +83,21 @@ def _refusal_message(path, err: Exception) -> str:
     what = f"the pickled global {match.group(1)}" if match else "a pickled object"
     return (
         f"refusing to load checkpoint {path}: it contains {what}, which is not one of the "
-        f"classes fairseq checkpoints need (fairseq_hybrid.checkpoint_safety.allowed_globals). "
+        f"classes fairseq checkpoints need (fairseq_hybrid.fairseq_patches.checkpoint_safety.allowed_globals). "
         f"Only load checkpoints you trust; if this one is, add that class with "
         f"torch.serialization.add_safe_globals before loading."
     )
 
 
-def install() -> None:
-    """Allowlist fairseq's classes and wrap fairseq's checkpoint loader (once)."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
-    torch.serialization.add_safe_globals(allowed_globals())
+def refusing_unsafe(load: Callable) -> Callable:
+    """``load`` (fairseq's ``load_checkpoint_to_cpu``) with torch's refusal
+    of a pickled global turned into an :class:`UnsafeCheckpointError`."""
 
-    from fairseq import checkpoint_utils
-
-    original = checkpoint_utils.load_checkpoint_to_cpu
-
-    @functools.wraps(original)
+    @functools.wraps(load)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
-            return original(path, *args, **kwargs)
+            return load(path, *args, **kwargs)
         except pickle.UnpicklingError as err:
             raise UnsafeCheckpointError(_refusal_message(path, err)) from None
 
-    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-    _INSTALLED = True
+    return load_checkpoint_to_cpu

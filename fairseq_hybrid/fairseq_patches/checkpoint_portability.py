@@ -14,14 +14,12 @@ placement changes speed, never results).  Resuming training is unaffected:
 fairseq-train builds the model from its own command line.
 """
 
-import functools
 import logging
 import os
 
-from .parallel.device_plan import DevicePlanError, parse_devices
+from ..parallel.device_plan import DevicePlanError, parse_devices
 
 logger = logging.getLogger(__name__)
-_INSTALLED = False
 
 
 def make_portable(state: dict) -> dict:
@@ -45,20 +43,3 @@ def make_portable(state: dict) -> dict:
         model_cfg.hybrid_placement = ""
         model_cfg.hybrid_cost_model = ""
     return state
-
-
-def install() -> None:
-    """Wrap fairseq's checkpoint loader (once)."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
-    from fairseq import checkpoint_utils
-
-    original = checkpoint_utils.load_checkpoint_to_cpu
-
-    @functools.wraps(original)
-    def load_checkpoint_to_cpu(path, *args, **kwargs):
-        return make_portable(original(path, *args, **kwargs))
-
-    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-    _INSTALLED = True

@@ -34,27 +34,19 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import List
+from typing import Callable, List
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-_installed = False
-
-
 def _devices(tensors) -> List[torch.device]:
     return list(OrderedDict.fromkeys(t.device for t in tensors))
 
 
-def install() -> None:
-    global _installed
-    if _installed:
-        return
-    from fairseq import optim, utils
-    from fairseq.optim.fp16_optimizer import FP16Optimizer
-
-    single_device_clip = utils.clip_grad_norm_
+def multi_device_clip_grad_norm(single_device_clip: Callable) -> Callable:
+    """fairseq's ``utils.clip_grad_norm_`` (``single_device_clip``), kept
+    for gradients on one device, and correct for gradients on several."""
 
     @torch.no_grad()
     def clip_grad_norm_(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor:
@@ -77,7 +69,14 @@ def install() -> None:
                 torch._foreach_mul_([g for g in everything if g.device == where], clip_coef.to(where))
         return total_norm
 
-    single_device_build = FP16Optimizer.build_optimizer.__func__
+    return clip_grad_norm_
+
+
+def multi_device_fp16_build(single_device_build: Callable) -> classmethod:
+    """``FP16Optimizer.build_optimizer`` (its function,
+    ``single_device_build``) taking the per-parameter path when the
+    parameters span several devices."""
+    from fairseq import optim
 
     def build_optimizer(cls, cfg, params, **kwargs):
         params = list(params)
@@ -92,6 +91,4 @@ def install() -> None:
         fp32_optimizer = optim.build_optimizer(cfg.optimizer, fp32_params)
         return cls(cfg, params, fp32_optimizer, fp32_params, **kwargs)
 
-    utils.clip_grad_norm_ = clip_grad_norm_
-    FP16Optimizer.build_optimizer = classmethod(build_optimizer)
-    _installed = True
+    return classmethod(build_optimizer)

@@ -9,13 +9,13 @@ names the flag to use instead.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from .parallel.device_plan import DevicePlanError
+from ..parallel.device_plan import DevicePlanError
 
 LEGACY_DDP = ("legacy_ddp", "no_c10d")
-
-_installed = False
 
 
 def check_training_setup(cfg, model) -> None:
@@ -49,17 +49,11 @@ def check_training_setup(cfg, model) -> None:
             "which runs on its worker threads; use --ddp-backend legacy_ddp (fairseq-hybrid-train sets it)")
 
 
-def install() -> None:
-    global _installed
-    if _installed:
-        return
-    from fairseq.trainer import Trainer
-
-    original_init = Trainer.__init__
+def checking_init(original_init: Callable) -> Callable:
+    """``Trainer.__init__`` that first runs :func:`check_training_setup`."""
 
     def __init__(self, cfg, task, model, criterion, *args, **kwargs):
         check_training_setup(cfg, model)
         original_init(self, cfg, task, model, criterion, *args, **kwargs)
 
-    Trainer.__init__ = __init__
-    _installed = True
+    return __init__

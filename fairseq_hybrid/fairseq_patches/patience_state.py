@@ -12,30 +12,31 @@ back when training resumes from it (not with ``--reset-optimizer`` or
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 KEY = "patience"
-
-_installed = False
-
 
 def _counter():
     train = sys.modules.get("fairseq_cli.train")
     return getattr(train, "should_stop_early", None)
 
 
-def install() -> None:
-    global _installed
-    if _installed:
-        return
-    from fairseq.trainer import Trainer
-
-    original_save, original_load = Trainer.save_checkpoint, Trainer.load_checkpoint
+def saving_patience(original_save: Callable) -> Callable:
+    """``Trainer.save_checkpoint`` that adds the patience count to
+    ``extra_state``."""
 
     def save_checkpoint(self, filename, extra_state):
         counter = _counter()
         if counter is not None and getattr(counter, "best", None) is not None:
             extra_state = dict(extra_state, **{KEY: {"best": counter.best, "num_runs": counter.num_runs}})
         return original_save(self, filename, extra_state)
+
+    return save_checkpoint
+
+
+def loading_patience(original_load: Callable) -> Callable:
+    """``Trainer.load_checkpoint`` that gives fairseq's counter back the
+    saved count."""
 
     def load_checkpoint(self, filename, reset_optimizer=False, reset_lr_scheduler=False, optimizer_overrides=None,
                         reset_meters=False, *args, **kwargs):
@@ -47,5 +48,4 @@ def install() -> None:
             counter.num_runs = extra_state[KEY]["num_runs"]
         return extra_state
 
-    Trainer.save_checkpoint, Trainer.load_checkpoint = save_checkpoint, load_checkpoint
-    _installed = True
+    return load_checkpoint

@@ -16,8 +16,6 @@ import glob
 import os
 import tempfile
 
-_INSTALLED = False
-
 
 class AtomicCopyPathManager:
     """fairseq's ``PathManager`` with an atomic ``copy`` for local files."""
@@ -47,13 +45,3 @@ class AtomicCopyPathManager:
         finally:
             if os.path.exists(tmp_path):
                 os.remove(tmp_path)
-
-
-def install() -> None:
-    global _INSTALLED
-    if _INSTALLED:
-        return
-    from fairseq import checkpoint_utils
-
-    checkpoint_utils.PathManager = AtomicCopyPathManager(checkpoint_utils.PathManager)
-    _INSTALLED = True
