@@ -28,32 +28,16 @@ import argparse
 import json
 import logging
 import os
-import sys
 import threading
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_lstm_vs_hybrid import USER_DIR, batches, build, run_steps  # noqa: E402
-
-
-def model_args(arch, devices="", mode="hybrid", chunk_length=0, placement=""):
-    args = ["--user-dir", USER_DIR, "--arch", arch, "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1"]
-    if devices:
-        args += ["--hybrid-devices", devices, "--hybrid-mode", mode, "--hybrid-chunk-length", str(chunk_length)]
-    if placement:
-        args += ["--hybrid-placement", placement]
-    return args
-
-
-def train_steps(model, criterion, optimizer, samples):
-    """Plain fairseq-style training steps (``run_steps`` of the one-device
-    benchmark); returns target tokens."""
-    return run_steps(model, criterion, optimizer, samples)[0]
+from benchmarking import NO_DATA, batches, build, preset_args, train_steps
 
 
 def timed(run, threads):
+    """(target tokens, seconds) of ``run`` with ``threads`` intra-op threads."""
     torch.set_num_threads(threads)
     start = time.perf_counter()
     tokens = run()
@@ -67,7 +51,7 @@ def independent_copies(copies, samples):
 
     def work(index):
         torch.set_num_threads(1)
-        totals[index] = train_steps(*copies[index], samples)
+        totals[index] = train_steps(*copies[index], samples)[0]
 
     threads = [threading.Thread(target=work, args=(index,)) for index in range(len(copies))]
     for thread in threads:
@@ -91,14 +75,14 @@ def main(argv=None):
     parser.add_argument("--json", default=None, help="write the result here")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.data):
-        parser.error(f"{args.data}: no such folder (run recipes/tatoeba_ja_en/run.sh --steps download,prepare,spm,binarize)")
+        parser.error(f"{args.data}: {NO_DATA}")
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
     k = args.devices
     modes = [mode for mode in args.modes.split(",") if mode]
 
     def system(devices="", mode="hybrid", placement=""):
-        task, model, criterion = build(args.data, model_args(args.arch, devices, mode, args.chunk_length, placement))
+        task, model, criterion = build(args.data, preset_args(args.arch, devices, mode, args.chunk_length, placement))
         return task, (model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3))
 
     cpus = ",".join(["cpu"] * k)
@@ -114,9 +98,9 @@ def main(argv=None):
     warm, timed_samples = samples[:2], samples[2:]
 
     # name -> (run, intra-op threads of the calling thread)
-    runs = {"1 device": (lambda: train_steps(*single, timed_samples), 1)}
+    runs = {"1 device": (lambda: train_steps(*single, timed_samples)[0], 1)}
     for name, group in groups.items():
-        runs[name] = (lambda group=group: train_steps(*group, timed_samples), k)
+        runs[name] = (lambda group=group: train_steps(*group, timed_samples)[0], k)
     runs[f"{k} independent copies (ceiling)"] = (lambda: independent_copies(copies, timed_samples), 1)
 
     train_steps(*single, warm)

@@ -15,92 +15,10 @@ import argparse
 import json
 import logging
 import os
-import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
-
-COMMON = ["--task", "translation", "--source-lang", "ja", "--target-lang", "en", "--cpu", "--dropout", "0.1"]
-SIZE = {"embed": 256, "hidden": 256, "layers": 2}
-
-
-def fairseq_lstm_args(size):
-    return [
-        "--arch", "lstm", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--encoder-embed-dim", str(size["embed"]), "--encoder-hidden-size", str(size["hidden"]),
-        "--encoder-layers", str(size["layers"]), "--encoder-bidirectional",
-        "--decoder-embed-dim", str(size["embed"]), "--decoder-hidden-size", str(size["hidden"]),
-        "--decoder-layers", str(size["layers"]), "--decoder-out-embed-dim", str(size["embed"]),
-    ]
-
-
-USER_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fairseq_hybrid"))
-
-
-def hybrid_lstm_base_args(size):
-    # The shipped preset: only the bottom encoder layer bidirectional.
-    return ["--user-dir", USER_DIR, "--arch", "hybrid_lstm_base", "--criterion", "hybrid_cross_entropy",
-            "--label-smoothing", "0.1"]
-
-
-def hybrid_lstm_args(size):
-    # Every encoder layer bidirectional, as in fairseq's lstm, so that the two
-    # differ only in input feeding and in how the decoder and loss are run.
-    return [
-        "--user-dir", USER_DIR,
-        "--arch", "hybrid_lstm", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
-        "--encoder-embed-dim", str(size["embed"]), "--encoder-hidden-size", str(size["hidden"]),
-        "--encoder-layers", str(size["layers"]), "--encoder-bidirectional-layers", str(size["layers"]),
-        "--decoder-embed-dim", str(size["embed"]), "--decoder-hidden-size", str(size["hidden"]),
-        "--decoder-layers", str(size["layers"]), "--decoder-out-embed-dim", str(size["embed"]),
-    ]
-
-
-def build(data, model_args):
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [data] + COMMON + model_args)
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    task.load_dataset("train")
-    torch.manual_seed(1)
-    model = task.build_model(cfg.model)
-    criterion = task.build_criterion(cfg.criterion)
-    return task, model, criterion
-
-
-def batches(task, max_tokens, count):
-    iterator = task.get_batch_iterator(
-        task.dataset("train"), max_tokens=max_tokens, max_positions=(64, 64),
-        ignore_invalid_inputs=True, seed=1,
-    ).next_epoch_itr(shuffle=True)
-    return [next(iterator) for _ in range(count)]
-
-
-def run_steps(model, criterion, optimizer, samples, device="cpu"):
-    """fairseq-style training steps; returns (target tokens, seconds).  On
-    ``device="cuda"`` samples move to the GPU and the time includes the
-    wait for the queued kernels."""
-    model.train()
-    tokens = 0
-    start = time.perf_counter()
-    for sample in samples:
-        optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            from fairseq import utils
-
-            sample = utils.move_to_cuda(sample)
-        loss, sample_size, _ = criterion(model, sample)
-        (loss / sample_size).backward()
-        optimizer.step()
-        tokens += sample["ntokens"]
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return tokens, time.perf_counter() - start
+from benchmarking import NO_DATA, SIZE, batches, build, fairseq_lstm_args, hybrid_lstm_args, preset_args, train_steps
 
 
 def main(argv=None):
@@ -113,24 +31,24 @@ def main(argv=None):
     parser.add_argument("--json", default=None, help="write the result here")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.data):
-        parser.error(f"{args.data}: no such folder (run recipes/tatoeba_ja_en/run.sh --steps download,prepare,spm,binarize)")
+        parser.error(f"{args.data}: {NO_DATA}")
     logging.disable(logging.WARNING)
     torch.set_num_threads(args.threads)
 
     systems = {}
-    for name, model_args in (("fairseq lstm", fairseq_lstm_args(SIZE)),
-                             ("hybrid_lstm, all-bidirectional encoder", hybrid_lstm_args(SIZE)),
-                             ("hybrid_lstm_base", hybrid_lstm_base_args(SIZE))):
+    for name, model_args in (("fairseq lstm", fairseq_lstm_args()),
+                             ("hybrid_lstm, all-bidirectional encoder", hybrid_lstm_args()),
+                             ("hybrid_lstm_base", preset_args("hybrid_lstm_base"))):
         task, model, criterion = build(args.data, model_args)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         systems[name] = {"model": model, "criterion": criterion, "optimizer": optimizer,
                          "params": sum(p.numel() for p in model.parameters()), "tokens": 0, "seconds": 0.0}
     samples = batches(task, args.max_tokens, args.batches + 2)
     for system in systems.values():  # warm-up, untimed
-        run_steps(system["model"], system["criterion"], system["optimizer"], samples[:2])
+        train_steps(system["model"], system["criterion"], system["optimizer"], samples[:2])
     for round_index in range(args.rounds):
         for name, system in systems.items():
-            tokens, seconds = run_steps(system["model"], system["criterion"], system["optimizer"], samples[2:])
+            tokens, seconds = train_steps(system["model"], system["criterion"], system["optimizer"], samples[2:])
             system["tokens"] += tokens
             system["seconds"] += seconds
             print(f"round {round_index + 1}: {name:40s} {tokens / seconds:8.0f} target tokens/s", flush=True)

@@ -36,56 +36,28 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from benchmarking import NO_DATA, System, batches, build, suite_systems, train_steps
 
 
-def system_names(k):
-    return [
-        "fairseq lstm, 1 thread",
-        "fairseq lstm, 2 threads",
-        "hybrid_lstm_base, 1 device",
-        f"hybrid_lstm_base, 1 device, {k} threads",
-        f"hybrid on {k} devices",
-        f"hybrid on {k} devices, placement auto",
-        f"pure model parallel on {k} devices",
-        f"pure data parallel on {k} devices (one process)",
-        f"data parallel across {k} gloo processes",
-        f"{k} independent copies (ceiling)",
-    ]
+def system_named(name: str, k: int) -> System:
+    for system in suite_systems(k):
+        if system.name == name:
+            return system
+    raise SystemExit(f"no benchmark system {name!r}; the systems: {', '.join(s.name for s in suite_systems(k))}")
 
 
 # -- one system, in its own process ---------------------------------------------
 
 
-def build_system(data, name, k, device):
+def build_system(data, system: System, k, device):
     import torch
-    from bench_hybrid_cpu import model_args
-    from bench_lstm_vs_hybrid import SIZE, build, fairseq_lstm_args
 
     devices = ",".join([f"cuda:{i}" for i in range(k)] if device == "cuda" else ["cpu"] * k)
-    if name.startswith("fairseq lstm"):
-        args = fairseq_lstm_args(SIZE)
-    elif name.startswith("hybrid on") and "auto" in name:
-        args = model_args("hybrid_lstm_base", devices, "hybrid", 0, "auto")
-    elif name.startswith("hybrid on"):
-        args = model_args("hybrid_lstm_base", devices, "hybrid")
-    elif name.startswith("pure model"):
-        args = model_args("hybrid_lstm_base", devices, "model")
-    elif name.startswith("pure data"):
-        args = model_args("hybrid_lstm_base", devices, "data")
-    else:  # one device: alone, as a copy, or as one of the gloo processes
-        args = model_args("hybrid_lstm_base")
+    args = system.model_args(devices)
     task, model, criterion = build(data, args)
-    if device == "cuda" and "--hybrid-devices" not in args:
+    if device == "cuda" and system.kind != "group":
         model = model.cuda()
     return task, model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3)
-
-
-def train(model, criterion, optimizer, samples, device):
-    from bench_lstm_vs_hybrid import run_steps
-
-    return run_steps(model, criterion, optimizer, samples, device)[0]
 
 
 def peak_memory(device, k):
@@ -101,7 +73,6 @@ def gloo_process(rank, k, data, max_tokens, count, port, results):
     DistributedDataParallel over gloo around the model and its criterion."""
     import torch
     import torch.distributed as dist
-    from bench_lstm_vs_hybrid import batches, run_steps
 
     class LossOf(torch.nn.Module):
         """The criterion's loss as a module's forward, so DDP sees the step."""
@@ -118,16 +89,16 @@ def gloo_process(rank, k, data, max_tokens, count, port, results):
     # an error instead of leaving the others blocked in a collective.
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=k,
                             timeout=datetime.timedelta(minutes=5))
-    task, model, criterion, _ = build_system(data, "one device", 1, "cpu")
+    task, model, criterion, _ = build_system(data, System("one device", "one_device"), 1, "cpu")
     step = torch.nn.parallel.DistributedDataParallel(LossOf(model, criterion))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     samples = batches(task, max_tokens, count + 2)
 
     def train_on(chosen):
         # the DDP wrapper stands in for the criterion: it runs model and loss
-        return run_steps(model, lambda _, sample: step(sample), optimizer, chosen)[0]
+        return train_steps(model, lambda _, sample: step(sample), optimizer, chosen)[0]
 
-    train_on(samples[rank:rank + 1])  # warm-up (run_steps puts the model in training mode)
+    train_on(samples[rank:rank + 1])  # warm-up (train_steps puts the model in training mode)
     dist.barrier()
     start = time.perf_counter()
     # every rank the same number of steps, or DDP's all-reduce waits forever
@@ -141,11 +112,11 @@ def run_one(args):
     import logging
 
     import torch
-    from bench_lstm_vs_hybrid import batches
 
     logging.disable(logging.WARNING)
-    k, name, device = args.devices, args.one, args.device
-    if name.startswith("data parallel across"):
+    k, device = args.devices, args.device
+    system = system_named(args.one, k)
+    if system.kind == "gloo":
         import torch.multiprocessing as mp
 
         results = mp.get_context("spawn").SimpleQueue()
@@ -156,22 +127,17 @@ def run_one(args):
         memory = {f"process {row[0]} (peak RSS)": row[3]["process (peak RSS)"] for row in rows}
         return {"tokens": tokens, "seconds": seconds, "memory_mib": memory}
 
-    if name == "fairseq lstm, 2 threads":
-        threads = 2
-    elif name.startswith(("hybrid on", "pure")) or name.endswith(f"1 device, {k} threads"):
-        threads = k
-    else:
-        threads = 1
+    threads = system.threads
     torch.set_num_threads(threads)
-    copies = k if name.endswith("(ceiling)") else 1
-    systems = [build_system(args.data, name, k, device) for _ in range(copies)]
+    copies = k if system.kind == "copies" else 1
+    systems = [build_system(args.data, system, k, device) for _ in range(copies)]
     samples = batches(systems[0][0], args.max_tokens, args.batches + 2)
     totals = [0] * copies
 
     def work(index, timed):
         torch.set_num_threads(1 if copies > 1 else threads)
         _, model, criterion, optimizer = systems[index]
-        totals[index] = train(model, criterion, optimizer, samples[2:] if timed else samples[:2], device)
+        totals[index] = train_steps(model, criterion, optimizer, samples[2:] if timed else samples[:2], device)[0]
 
     for timed in (False, True):
         start = time.perf_counter()
@@ -224,7 +190,9 @@ def write_outputs(result, out):
     names = list(rows)
     values = [rows[name]["target_tokens_per_s"] for name in names]
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    colors = ["#999999" if n.startswith("fairseq") else "#4c72b0" if "hybrid" in n else "#dd8452" for n in names]
+    kinds = {system.name: system for system in suite_systems(k)}
+    colors = ["#999999" if kinds[n].kind == "fairseq_lstm" else "#4c72b0" if kinds[n].mode == "hybrid"
+              else "#dd8452" for n in names]
     axis.barh(range(len(names)), values, color=colors)
     axis.set_yticks(range(len(names)), names)
     axis.invert_yaxis()
@@ -251,7 +219,7 @@ def main(argv=None):
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not os.path.isdir(args.data):
-        parser.error(f"{args.data}: no such folder (run recipes/tatoeba_ja_en/run.sh --steps download,prepare,spm,binarize)")
+        parser.error(f"{args.data}: {NO_DATA}")
     if args.devices < 1 or args.batches < args.devices:
         parser.error(f"--batches {args.batches} with --devices {args.devices}: "
                      "every one of the K gloo processes needs at least one timed batch")
@@ -260,7 +228,7 @@ def main(argv=None):
         return 0
 
     os.makedirs(args.out, exist_ok=True)
-    names = system_names(args.devices)
+    names = [system.name for system in suite_systems(args.devices)]
     totals = {name: {"tokens": 0, "seconds": 0.0, "memory_mib": {}} for name in names}
     started = time.time()
     for round_index in range(args.rounds):
@@ -284,9 +252,11 @@ def main(argv=None):
     result = {"device": args.device, "devices": args.devices, "max_tokens": args.max_tokens,
               "batches": args.batches, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
               "minutes": (time.time() - started) / 60, "placement": "auto", "systems": {}}
-    for name, total in totals.items():
-        result["systems"][name] = {"target_tokens_per_s": total["tokens"] / total["seconds"],
-                                   "memory_mib": total["memory_mib"]}
+    for system in suite_systems(args.devices):
+        total = totals[system.name]
+        result["systems"][system.name] = {"target_tokens_per_s": total["tokens"] / total["seconds"],
+                                          "memory_mib": total["memory_mib"], "kind": system.kind,
+                                          "mode": system.mode, "placement": system.placement}
     print()
     print(write_outputs(result, args.out))
     if not args.no_simulation and args.device == "cpu":

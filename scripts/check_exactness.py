@@ -31,15 +31,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_hybrid_cpu import model_args as bench_model_args  # noqa: E402
-from bench_lstm_vs_hybrid import batches, build  # noqa: E402
-
-
-def model_args(arch, dropout, devices="", mode="hybrid", dropout_masks="per-cell"):
-    """The benchmark's model options, with this dropout (and mask mode)."""
-    args = bench_model_args(arch, devices, mode) + ["--dropout", str(dropout)]
-    return args + ["--hybrid-dropout-masks", dropout_masks] if devices else args
+from benchmarking import NO_DATA, batches, build, preset_args
 
 
 def loss_and_grads(model, criterion, sample, seed, threads):
@@ -77,13 +69,13 @@ def main(argv=None):
     parser.add_argument("--max-tokens", type=int, default=2000)
     args = parser.parse_args(argv)
     if not os.path.isdir(args.data):
-        parser.error(f"{args.data}: no such folder (run recipes/tatoeba_ja_en/run.sh --steps download,prepare,spm,binarize)")
+        parser.error(f"{args.data}: {NO_DATA}")
     logging.disable(logging.WARNING)
 
     dropout = 0.0 if args.dropout_masks == "off" else args.dropout
     masks = "single-device" if args.dropout_masks == "single-device" else "per-cell"
-    task, single, criterion = build(args.data, model_args(args.arch, dropout))
-    _, group, _ = build(args.data, model_args(args.arch, dropout, args.devices, args.mode, masks))
+    task, single, criterion = build(args.data, preset_args(args.arch, dropout=dropout))
+    _, group, _ = build(args.data, preset_args(args.arch, args.devices, args.mode, dropout=dropout, dropout_masks=masks))
     if args.checkpoint:
         from fairseq import checkpoint_utils
 

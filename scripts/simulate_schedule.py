@@ -26,20 +26,16 @@ measured costs.
 import argparse
 import json
 import logging
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_hybrid_cpu import model_args, train_steps  # noqa: E402
-from bench_lstm_vs_hybrid import batches, build  # noqa: E402
+from benchmarking import batches, build, preset_args, suite_systems, train_steps
 
-from fairseq_hybrid.parallel.placement_search import batch, best_placement, twin_model  # noqa: E402
-from fairseq_hybrid.parallel.cell_graph import record_cell_times  # noqa: E402
-from fairseq_hybrid.parallel.device_plan import build_plan  # noqa: E402
-from fairseq_hybrid.parallel.schedule_simulator import CostModel, fit, samples_from_trace, step_time  # noqa: E402
+from fairseq_hybrid.parallel.cell_graph import record_cell_times
+from fairseq_hybrid.parallel.device_plan import build_plan
+from fairseq_hybrid.parallel.placement_search import batch, best_placement, twin_model
+from fairseq_hybrid.parallel.schedule_simulator import CostModel, fit, samples_from_trace, step_time
 
 MODES = ("hybrid", "model", "data")
 
@@ -49,7 +45,7 @@ def calibrate(data, samples, arch, chunk_lengths=(0, 4)):
     on the batches whole and cut into short time chunks (cells of many
     sizes, so rates, per-step and fixed costs can be told apart)."""
     torch.set_num_threads(1)
-    task, model, criterion = build(data, model_args(arch, "cpu"))
+    task, model, criterion = build(data, preset_args(arch, "cpu"))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     train_steps(model, criterion, optimizer, samples[:2])
     measured, overhead = [], None
@@ -68,15 +64,15 @@ def calibrate(data, samples, arch, chunk_lengths=(0, 4)):
     return cost, model
 
 
-def validation_mode(name):
-    """The mode of a measured K-device system of the benchmarks, or None."""
-    if name.startswith("hybrid on"):
-        return "hybrid"
-    if name.startswith("pure model parallel"):
-        return "model"
-    if name.startswith("pure data parallel"):
-        return "data"
-    return None
+def validation_system(name, row, k):
+    """``(mode, placement)`` of a measured group of the benchmark suite, or
+    None for the other systems (rows written before the suite recorded
+    them are looked up among its systems by name)."""
+    system = {s.name: s for s in suite_systems(k)}.get(name)
+    kind = row.get("kind", system.kind if system else "")
+    if kind != "group":
+        return None
+    return row.get("mode", system.mode if system else ""), row.get("placement", system.placement if system else "")
 
 
 def net_input_of(sample):
@@ -154,7 +150,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
 
-    task, _, _ = build(args.data, model_args(args.arch))
+    task, _, _ = build(args.data, preset_args(args.arch))
     samples = batches(task, args.max_tokens, args.batches + 2)
     timed = samples[2:]
     devices = [int(x) for x in args.devices.split(",")]
@@ -185,10 +181,10 @@ def main(argv=None):
         print(f"Validation on this machine (K = {k} CPU devices, slowdown per device when all run: {cost.slowdown:.3f})")
         print("| system | predicted speed-up | measured speed-up | error |\n| --- | ---: | ---: | ---: |")
         for name, row in systems.items():
-            mode = validation_mode(name)
-            if mode is None:
+            chosen = validation_system(name, row, k)
+            if chosen is None:
                 continue
-            placement = name.split("placement ", 1)[1] if "placement " in name else ""
+            mode, placement = chosen
             if placement == "auto":
                 placement = best_placement(twin, cfg, [torch.device("cpu")] * k)[0]
             predicted = base / predicted_seconds(twin, cfg, k, mode, placement, cost, timed)

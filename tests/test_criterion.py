@@ -1,6 +1,5 @@
 """hybrid_cross_entropy against fairseq's label_smoothed_cross_entropy."""
 
-import argparse
 
 import pytest
 import torch

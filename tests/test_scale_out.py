@@ -6,7 +6,6 @@ uninterrupted run ends; a dead process stops the others."""
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest

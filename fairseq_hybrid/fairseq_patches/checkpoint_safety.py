@@ -21,7 +21,7 @@ import re
 from typing import Callable
 
 import numpy as np
-import torch
+
 
 def allowed_globals() -> list:
     """The non-builtin classes a fairseq checkpoint may pickle.
