@@ -53,7 +53,8 @@ def devices_for(device, count, k):
 
 def phase_exactness(args, result):
     tests = [os.path.join(REPO, "tests", name)
-             for name in ("test_hybrid_exactness.py", "test_hybrid_engine.py", "test_worker.py")]
+             for name in ("test_hybrid_exactness.py", "test_step_cells.py", "test_cell_graph.py",
+                          "test_single_device_masks.py", "test_worker.py")]
     report = os.path.join(args.work, "exactness.xml")
     code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
                             *tests], cwd=REPO)

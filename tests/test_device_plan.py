@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from conftest import build_model
-from fairseq_hybrid.parallel.batch_shards import batch_slices
 from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan
 
 
@@ -62,7 +61,3 @@ def test_placement_without_devices_is_refused():
         build_model("hybrid_lstm_tiny", hybrid_cost_model="simulation.json")
 
 
-def test_batch_slices_cover_the_batch_without_empty_shards():
-    assert batch_slices(7, 3) == [slice(0, 3), slice(3, 5), slice(5, 7)]
-    assert batch_slices(2, 4) == [slice(0, 1), slice(1, 2)]
-    assert batch_slices(5, 1) == [slice(0, 5)]

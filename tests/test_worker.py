@@ -11,9 +11,8 @@ import torch
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.cell_graph import Cell, run_cells
-from fairseq_hybrid.parallel.device_plan import DevicePlanError
 from fairseq_hybrid.parallel.worker import WorkerError, WorkerGroup, WorkerTimeout
-from test_hybrid_exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS
+from exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS
 
 CPU2 = [torch.device("cpu")] * 2
 
@@ -106,14 +105,6 @@ def test_a_timed_out_group_is_replaced():
     with pytest.raises(WorkerError, match="timed out before"):
         group.run([lambda: 1, None, None])
     assert worker_module.worker_group(devices) is not group
-
-
-def test_hybrid_timeout_option(dictionaries):
-    src_dict, tgt_dict = dictionaries
-    model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, hybrid_devices="cpu,cpu", hybrid_timeout=7.5)
-    assert model.hybrid_group.timeout == 7.5
-    with pytest.raises(DevicePlanError, match="--hybrid-timeout must be > 0"):
-        build_model("hybrid_lstm_tiny", src_dict, tgt_dict, hybrid_devices="cpu,cpu", hybrid_timeout=0)
 
 
 def test_a_step_that_failed_in_backward_leaves_no_gradients_behind(dictionaries):

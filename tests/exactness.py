@@ -1,0 +1,45 @@
+"""What the exactness tests share: the layers and batch they use, one
+step's loss and gradients, and the comparison of a group with one device."""
+
+import torch
+
+from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+from fairseq_hybrid.testing import StandInTask, build_model, make_sample
+
+
+LAYERS = {"encoder_layers": 4, "decoder_layers": 4, "encoder_bidirectional_layers": 1}
+SRC_LENGTHS = [9, 3, 7, 1, 12, 5, 6]
+TGT_LENGTHS = [4, 10, 2, 8, 6, 1, 7]
+
+
+def loss_and_grads(model, criterion, sample):
+    model.zero_grad()
+    loss, sample_size, logging = criterion(model, sample)
+    (loss / sample_size).backward()
+    grads = {name: p.grad.detach().to("cpu").clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach().to("cpu"), logging, grads
+
+
+def check_equal(devices, mode, dictionaries, group_options=None, **overrides):
+    """``overrides``: model options of both models; ``group_options``: of the group only."""
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True,
+                                            output_loss_chunk_rows=5)
+    torch.manual_seed(0)
+    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides})
+    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides},
+                        hybrid_devices=",".join(devices), hybrid_mode=mode, **(group_options or {}))
+    group.load_state_dict(single.state_dict())
+    assert group.hybrid_group is not None and group.hybrid_group.plan.size == len(devices)
+    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+
+    loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
+    loss, logging, grads = loss_and_grads(group, criterion, sample)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
+    assert logging.keys() == logging_ref.keys()
+    for key in logging:
+        torch.testing.assert_close(torch.as_tensor(logging[key]).float().cpu(),
+                                   torch.as_tensor(logging_ref[key]).float(), rtol=1e-5, atol=0, msg=key)
+    assert grads.keys() == grads_ref.keys() and len(grads) == len(list(single.parameters()))
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)

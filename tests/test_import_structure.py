@@ -1,0 +1,101 @@
+"""The import structure stays a house a newcomer can read: no module of
+``fairseq_hybrid`` imports another that imports it back (imports inside
+functions count), the engine (``parallel/``) never imports the model
+(``models/``), and nothing shipped or scripted imports from ``tests/``."""
+
+import ast
+import os
+import re
+
+from conftest import REPO
+
+PACKAGE = os.path.join(REPO, "fairseq_hybrid")
+TEST_MODULES = {name[:-3] for name in os.listdir(os.path.join(REPO, "tests")) if name.endswith(".py")}
+
+
+def module_name(path):
+    parts = os.path.relpath(path, REPO)[:-3].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules():
+    modules = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                modules[module_name(path)] = path
+    return modules
+
+
+def imported(path, name, modules):
+    """Every module of ``modules`` that ``path`` (module ``name``) imports,
+    at module level or inside a function."""
+    is_package = path.endswith("__init__.py")
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module
+            targets = [origin] + [f"{origin}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(target for target in targets if target in modules and target != name)
+    return found
+
+
+def test_no_import_cycles_and_the_engine_never_imports_the_model():
+    modules = package_modules()
+    graph = {name: imported(path, name, modules) for name, path in modules.items()}
+    # the package's own __init__ imports its parts to register them; a part
+    # never imports the top package, so leaving the top out hides nothing
+    assert not any("fairseq_hybrid" in targets for targets in graph.values())
+    cycles = []
+
+    def visit(name, path):
+        for target in sorted(graph[name]):
+            if target in path:
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(name)
+
+    done = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+    back = sorted((name, target) for name, targets in graph.items() if name.startswith("fairseq_hybrid.parallel")
+                  for target in targets if target.startswith("fairseq_hybrid.models"))
+    assert not back, f"the engine imports the model: {back}"
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path):
+    source = tmp_path / "a.py"
+    source.write_text("def f():\n    from .b import thing\n    from . import c\n")
+    assert imported(str(source), "pkg.a", {"pkg.a", "pkg.b", "pkg.c"}) == {"pkg.b", "pkg.c"}
+
+
+def test_nothing_outside_tests_imports_from_tests():
+    offenders = []
+    for folder in ("fairseq_hybrid", "scripts", "recipes"):
+        for root, _, files in os.walk(os.path.join(REPO, folder)):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(root, name)
+                text = open(path).read()
+                for node in ast.walk(ast.parse(text)):
+                    names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                             [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                    if any(n.split(".")[0] in TEST_MODULES | {"tests"} for n in names):
+                        offenders.append(os.path.relpath(path, REPO))
+                if re.search(r"sys\.path\.(insert|append)\([^\n]*tests", text):
+                    offenders.append(os.path.relpath(path, REPO) + " (puts tests/ on sys.path)")
+    assert not offenders, offenders

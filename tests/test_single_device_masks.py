@@ -1,0 +1,35 @@
+"""--hybrid-dropout-masks single-device (parallel/single_device_masks.py)."""
+
+import pytest
+import torch
+
+from conftest import StandInTask, build_model, make_sample
+from exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, loss_and_grads
+from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "model", "data"])
+def test_single_device_masks_make_dropout_runs_equal_one_device(mode, dictionaries):
+    """--hybrid-dropout-masks single-device: with dropout on, the group draws
+    the single-device model's masks, so loss and gradients equal its own."""
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True)
+    torch.manual_seed(0)
+    options = dict(LAYERS, dropout=0.3, encoder_bidirectional_layers=2)
+    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **options).train()
+    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **options, hybrid_devices="3", hybrid_mode=mode,
+                        hybrid_chunk_length=3, hybrid_dropout_masks="single-device").train()
+    group.load_state_dict(single.state_dict())
+    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    torch.manual_seed(9)
+    loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
+    torch.manual_seed(9)
+    loss, logging, grads = loss_and_grads(group, criterion, sample)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
+    assert logging["n_correct"] == logging_ref["n_correct"]
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
+    # and dropout was really on: the per-cell masks give another loss
+    group.hybrid_group.dropout_masks = "per-cell"
+    torch.manual_seed(9)
+    assert not torch.equal(loss_and_grads(group, criterion, sample)[0], loss_ref)
