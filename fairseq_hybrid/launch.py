@@ -9,7 +9,7 @@ Each process drives one hybrid group of ``devices-per-process`` devices
 (CUDA devices ``local_rank * K ... local_rank * K + K - 1`` of its node, or K
 CPU devices with ``--device cpu``) and runs ``fairseq-train`` with the
 distributed flags taken from torchrun's environment.  These are the flags
-that work for fairseq on CPU too (DESIGN.md section 3): ``env://``
+that work for fairseq on CPU too (docs/design.md, "One process per group"): ``env://``
 initialisation, no spawning, gloo on CPU and NCCL on GPU, and fairseq's
 ``legacy_ddp``, which all-reduces every gradient once after the whole
 backward pass (the hybrid engine's backward runs on its worker threads, not

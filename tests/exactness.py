@@ -20,18 +20,26 @@ def loss_and_grads(model, criterion, sample):
     return loss.detach().to("cpu"), logging, grads
 
 
+def single_and_group(dictionaries, group_options, **options):
+    """The single-device model and a group holding the same weights (both
+    ``hybrid_lstm_tiny`` with LAYERS and ``options``, seed 0), and the
+    test batch."""
+    src_dict, tgt_dict = dictionaries
+    torch.manual_seed(0)
+    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **options})
+    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **options}, **group_options)
+    group.load_state_dict(single.state_dict())
+    return single, group, make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+
+
 def check_equal(devices, mode, dictionaries, group_options=None, **overrides):
     """``overrides``: model options of both models; ``group_options``: of the group only."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True,
                                             output_loss_chunk_rows=5)
-    torch.manual_seed(0)
-    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides})
-    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, **overrides},
-                        hybrid_devices=",".join(devices), hybrid_mode=mode, **(group_options or {}))
-    group.load_state_dict(single.state_dict())
+    single, group, sample = single_and_group(
+        dictionaries, {"hybrid_devices": ",".join(devices), "hybrid_mode": mode, **(group_options or {})}, **overrides)
     assert group.hybrid_group is not None and group.hybrid_group.plan.size == len(devices)
-    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
 
     loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
     loss, logging, grads = loss_and_grads(group, criterion, sample)

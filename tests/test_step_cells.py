@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import StandInTask, build_model, make_sample
-from exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads
+from exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.device_plan import build_plan
 from fairseq_hybrid.parallel.step_cells import build_hybrid_step, time_chunks
@@ -57,12 +57,7 @@ def test_ignore_prefix_size(dictionaries):
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, ignore_prefix_size=2,
                                             report_accuracy=True)
-    torch.manual_seed(0)
-    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
-    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, hybrid_devices="cpu,cpu",
-                        hybrid_chunk_length=3)
-    group.load_state_dict(single.state_dict())
-    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_chunk_length": 3})
     loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
     loss, logging, grads = loss_and_grads(group, criterion, sample)
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
@@ -96,11 +91,7 @@ def test_bfloat16_group_after_a_float32_step(dictionaries):
     device in the new dtype."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
-    torch.manual_seed(0)
-    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
-    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, hybrid_devices="cpu,cpu")
-    group.load_state_dict(single.state_dict())
-    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu"})
     loss_and_grads(group, criterion, sample)
     single.to(torch.bfloat16)
     group.to(torch.bfloat16)
@@ -111,3 +102,26 @@ def test_bfloat16_group_after_a_float32_step(dictionaries):
     for name in grads_ref:
         assert grads[name].dtype == torch.bfloat16, name
         torch.testing.assert_close(grads[name].float(), grads_ref[name].float(), rtol=2e-2, atol=1e-3, msg=name)
+
+
+def test_the_schedule_drawn_in_the_design_notes(dictionaries):
+    """docs/design.md draws this step's clocks; the drawing must stay true."""
+    from fairseq_hybrid.parallel.wavefront import CellSpec, clocks
+
+    src_dict, tgt_dict = dictionaries
+    model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, encoder_layers=2, decoder_layers=2)
+    sample = make_sample(src_dict, tgt_dict, [6, 5, 4, 6], [5, 6, 4, 3])
+    cells = build_hybrid_step(model, build_plan("cpu,cpu", "", "hybrid", 2, 2), sample["net_input"],
+                              sample["target"], None).step.cells
+    drawn = {
+        "source embedding": (0, 0), "target embedding": (0, 0),
+        "encoder layer 0 forward": (1, 0), "encoder layer 0 reverse": (1, 1),
+        "decoder layer 0 chunk 0": (2, 0), "encoder layer 1 chunk 0": (2, 1),
+        "decoder layer 0 chunk 1": (3, 0), "encoder layer 1 chunk 1": (3, 1),
+        "encoder top states": (4, 1), "decoder layer 1 chunk 0": (4, 1),
+        "attention-softmax shard 0 chunk 0": (5, 0), "decoder layer 1 chunk 1": (5, 1),
+        "attention-softmax shard 1 chunk 0": (5, 1),
+        "attention-softmax shard 0 chunk 1": (6, 0), "attention-softmax shard 1 chunk 1": (6, 1),
+    }
+    cell_clocks = clocks([CellSpec(cell.worker, cell.inputs) for cell in cells])
+    assert {cell.name: (clock, cell.worker) for cell, clock in zip(cells, cell_clocks)} == drawn

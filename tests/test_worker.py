@@ -12,7 +12,7 @@ from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.cell_graph import Cell, run_cells
 from fairseq_hybrid.parallel.worker import WorkerError, WorkerGroup, WorkerTimeout
-from exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS
+from exactness import single_and_group
 
 CPU2 = [torch.device("cpu")] * 2
 
@@ -113,11 +113,7 @@ def test_a_step_that_failed_in_backward_leaves_no_gradients_behind(dictionaries)
     step must not reach the next one."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
-    torch.manual_seed(0)
-    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
-    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, hybrid_devices="cpu,cpu")
-    group.load_state_dict(single.state_dict())
-    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu"})
 
     failures = [torch.OutOfMemoryError("simulated")]
 

@@ -5,7 +5,7 @@ direction of a bidirectional layer, a batch shard of the attention-softmax
 part), each on one device and each reading outputs of earlier cells.  Cell
 ``(layer l, chunk c)`` reads ``(l - 1, c)`` and ``(l, c - 1)``, so giving
 every cell the clock ``1 + max(clock of the cells it reads)`` puts all cells
-with ``l + c = k`` at clock ``k``: the wavefront of DESIGN.md section 1, in
+with ``l + c = k`` at clock ``k``: the wavefront of docs/design.md, in
 the spirit of ``clock_cycles`` in kakaobrain/torchgpipe ``pipeline.py``.
 
 Each device runs its cells in clock order (the backward pass in the reverse
