@@ -10,7 +10,9 @@ dictionaries and the sentencepiece model, and returns fairseq's
     ja_en.translate("ひとつ質問してもいいですか。")
 
 It is ``HybridLSTMModel.from_pretrained`` with those paths filled in, so
-any of fairseq's generation options may be given (``beam=5``).
+any of fairseq's generation options may be given (``beam=5``).  Several
+checkpoints joined with ``:`` (``checkpoint="a.pt:b.pt"``) translate as
+an ensemble, as ``fairseq-generate --path a.pt:b.pt`` does.
 """
 
 from __future__ import annotations
@@ -47,20 +49,25 @@ def _work_dir(run_dir: str) -> str:
 
 def load_translator(run_dir: str, checkpoint: Optional[str] = None, data: Optional[str] = None,
                     sentencepiece_model: Optional[str] = None, beam: int = 5, cpu: bool = True, **options):
-    """fairseq's hub interface for a run.  ``data`` (the binarized
-    dictionaries) and ``sentencepiece_model`` default to the recipe's
-    layout: ``bin/`` and ``spm/spm.model`` in the nearest folder above the
-    run that has them."""
+    """fairseq's hub interface for a run.  ``checkpoint``: one path, or
+    several joined with ``:`` for an ensemble (default: the run's own,
+    :func:`find_checkpoint`).  ``data`` (the binarized dictionaries) and
+    ``sentencepiece_model`` default to the recipe's layout: ``bin/`` and
+    ``spm/spm.model`` in the nearest folder above the run that has them."""
     run_dir = os.path.abspath(run_dir)
     work = _work_dir(run_dir)
-    checkpoint = os.path.abspath(checkpoint or find_checkpoint(run_dir))
+    checkpoints = [os.path.abspath(path) for path in (checkpoint or find_checkpoint(run_dir)).split(os.pathsep)]
+    for path in checkpoints:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"checkpoint not found: {path}")
     data = os.path.abspath(data or os.path.join(work, "bin"))
     sentencepiece_model = os.path.abspath(sentencepiece_model or os.path.join(work, "spm", "spm.model"))
     for what, path in (("binarized data", os.path.join(data, "dict.ja.txt")),
                        ("sentencepiece model", sentencepiece_model)):
         if not os.path.exists(path):
             raise FileNotFoundError(f"{what} not found at {path}")
+    # fairseq joins each file to the folder; absolute paths stay as they are
     hub = HybridLSTMModel.from_pretrained(
-        os.path.dirname(checkpoint), checkpoint_file=os.path.basename(checkpoint), data_name_or_path=data,
+        os.path.dirname(checkpoints[0]), checkpoint_file=os.pathsep.join(checkpoints), data_name_or_path=data,
         bpe="sentencepiece", sentencepiece_model=sentencepiece_model, beam=beam, cpu=cpu, **options)
     return hub.eval()

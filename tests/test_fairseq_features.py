@@ -80,8 +80,12 @@ def test_checkpointing_and_batching_options(binarized, tmp_path, group):
 
 
 def test_ensemble_of_a_single_device_and_a_group_checkpoint(binarized, tmp_path):
-    """fairseq-generate --path a.pt:b.pt with a checkpoint trained on one
-    device and one trained on a group; and the hub interface with both."""
+    """An ensemble of a checkpoint trained on one device and one trained on a
+    group: fairseq-generate --path a.pt:b.pt, fairseq-interactive on raw
+    Japanese with --path a.pt:b.pt, and the hub interface
+    (load_translator(checkpoint="a.pt:b.pt")), which holds both models."""
+    from fairseq_hybrid.hub import load_translator
+
     train(binarized, tmp_path / "one", "6", "--lr", "0.005")
     train(binarized, tmp_path / "group", "6", "--lr", "0.005", "--seed", "4", "--hybrid-devices", "cpu,cpu")
     paths = f"{tmp_path / 'one' / 'checkpoint_last.pt'}:{tmp_path / 'group' / 'checkpoint_last.pt'}"
@@ -89,7 +93,58 @@ def test_ensemble_of_a_single_device_and_a_group_checkpoint(binarized, tmp_path)
                     "--path", paths, "--beam", "2", "--max-tokens", "4000", "--max-len-b", "10",
                     "--required-batch-size-multiple", "1", "--remove-bpe", "sentencepiece")
     assert len([line for line in generated.stdout.splitlines() if line.startswith("H-")]) == 200
-    assert "ensemble" in (generated.stdout + generated.stderr).lower() or paths.count(":") == 1
+    assert "loading model(s) from " + paths in generated.stdout + generated.stderr
+
+    interactive = run(os.path.join(BIN, "fairseq-interactive"), binarized / "bin", "--user-dir", USER_DIR, "--cpu",
+                      "--path", paths, "--beam", "2", "--max-len-b", "10", "--source-lang", "ja", "--target-lang",
+                      "en", "--bpe", "sentencepiece", "--sentencepiece-model", binarized / "spm" / "spm.model",
+                      input="これはペンです。\n猫が好きです。\n")
+    assert len(re.findall(r"^D-\d+\t", interactive.stdout, re.M)) == 2, interactive.stdout[-2000:]
+    assert "loading model(s) from " + paths in interactive.stdout + interactive.stderr
+
+    translator = load_translator(str(tmp_path / "one"), checkpoint=paths, data=str(binarized / "bin"),
+                                 sentencepiece_model=str(binarized / "spm" / "spm.model"), beam=2, max_len_b=10)
+    assert len(translator.models) == 2
+    assert isinstance(translator.translate("これはペンです。"), str)
+
+
+@SIDES
+def test_reset_optimizer_alone(binarized, tmp_path, group):
+    """--reset-optimizer on a resumed run: the weights come from the
+    checkpoint, the optimizer and the update count start afresh."""
+    train(binarized, tmp_path / "run", "4", "--lr", "0.005", *group)
+    before = torch.load(tmp_path / "run" / "checkpoint_last.pt")["model"]
+    log = train(binarized, tmp_path / "run", "2", "--lr", "0.005", "--reset-optimizer", *group)
+    assert "loaded checkpoint" in log.lower(), log[-2000:]
+    assert re.findall(r"num_updates (\d+)", log)[-1] == "2"
+    after = torch.load(tmp_path / "run" / "checkpoint_last.pt")
+    assert after["optimizer_history"][-1]["num_updates"] == 2
+    assert not all(torch.equal(after["model"][name], value) for name, value in before.items())
+
+
+@SIDES
+def test_log_formats_tensorboard_and_the_groups_device_metrics(binarized, tmp_path, group):
+    """--log-format json (every line parses; a group adds devK_busy and
+    group_fill, fractions of the step, to every train_inner line), --log-format
+    tqdm, and --tensorboard-logdir writing event files out of the box."""
+    import json
+
+    log = train(binarized, tmp_path / "json", "4", "--lr", "0.005", "--log-format", "json", "--log-interval", "1",
+                "--tensorboard-logdir", tmp_path / "tb", *group)
+    inner = [json.loads(line.split("| INFO | train_inner | ", 1)[1]) for line in log.splitlines()
+             if "| INFO | train_inner | " in line]
+    assert len(inner) == 4, log[-2000:]
+    metrics = {"dev0_busy", "dev1_busy", "group_fill"}
+    if group:
+        for row in inner:
+            assert metrics <= row.keys(), row
+            assert all(0.0 < float(row[name]) <= 1.0 for name in metrics), row
+    else:
+        assert not metrics & inner[0].keys()
+    events = [name for _, _, names in os.walk(tmp_path / "tb") for name in names if "tfevents" in name]
+    assert events, "no tensorboard event files"
+    tqdm = train(binarized, tmp_path / "tqdm", "2", "--lr", "0.005", "--log-format", "tqdm", *group)
+    assert re.search(r"epoch 001.*\|", tqdm), tqdm[-2000:]
 
 
 def test_fairseq_hydra_train_with_a_group(binarized, tmp_path):

@@ -70,6 +70,18 @@ class Cell(NamedTuple):
     outputs: Optional[Tuple[str, ...]] = None
 
 
+class DeviceUsage(NamedTuple):
+    """How busy each worker was during one step: seconds spent running its
+    cells (forward and backward) and the step's wall time over both passes
+    (CPU clock: on CUDA it times the queueing, not the kernels)."""
+
+    busy: List[float]
+    wall: float
+
+    def fractions(self) -> List[float]:
+        return [min(1.0, busy / self.wall) if self.wall > 0 else 0.0 for busy in self.busy]
+
+
 class CellTime(NamedTuple):
     """When a cell ran (``time.perf_counter`` seconds), for schedule traces."""
 
@@ -113,8 +125,12 @@ class CellGraph:
     MAIN = 1 << 30  # the consumer id of gradients that come from outside the graph
 
     def __init__(self, cells: Sequence[Cell], group: WorkerGroup, seed: int,
-                 after_backward: Callable[[], None] = lambda: None, timeout: float = DEFAULT_TIMEOUT):
+                 after_backward: Callable[[], None] = lambda: None, timeout: float = DEFAULT_TIMEOUT,
+                 report_usage: Optional[Callable[[DeviceUsage], None]] = None):
         self.cells = list(cells)
+        self.report_usage = report_usage
+        self.busy = [0.0] * len(group.devices)  # each worker adds to its own entry
+        self.wall = 0.0
         self.timeout = timeout
         self.after_backward = after_backward
         self.group = group
@@ -138,16 +154,22 @@ class CellGraph:
     # -- running -----------------------------------------------------------
 
     def forward(self) -> None:
+        start = time.perf_counter()
         self.group.run([partial(self._run_forward, order) for order in self.orders], on_error=self._abort,
                        timeout=self.timeout)
+        self.wall += time.perf_counter() - start
 
     def backward(self, refs: Sequence[Ref], grads: Sequence[Optional[Tensor]]) -> None:
         for ref, grad in zip(refs, grads):
             if grad is not None:
                 self.grads.setdefault(ref, {})[self.MAIN] = (grad, None)
+        start = time.perf_counter()
         self.group.run([partial(self._run_backward, order[::-1]) for order in self.orders], on_error=self._abort,
                        timeout=self.timeout)
+        self.wall += time.perf_counter() - start
         self.after_backward()
+        if self.report_usage is not None:
+            self.report_usage(DeviceUsage(list(self.busy), self.wall))
 
     def output(self, ref: Ref) -> Tensor:
         return self.outputs[ref[0]][ref[1]]
@@ -188,6 +210,7 @@ class CellGraph:
         with _running(worker, cell, "forward"), _naming_out_of_memory(cell, "forward", device), \
                 cell_generator(self.seed + index, device):
             outputs = tuple(cell.run(*leaves))
+        self.busy[cell.worker] += time.perf_counter() - start
         if cell.outputs is not None and len(outputs) != len(cell.outputs):
             raise RuntimeError(f"{cell.name} returned {len(outputs)} outputs but names {len(cell.outputs)}: "
                                f"{', '.join(cell.outputs)}")
@@ -226,6 +249,7 @@ class CellGraph:
             with _running(worker, cell, "backward"), _naming_out_of_memory(cell, "backward", device), \
                     torch.autograd.set_multithreading_enabled(False):
                 torch.autograd.backward(roots, root_grads)
+        self.busy[cell.worker] += time.perf_counter() - start
         _note(cell, "backward", start)
         for leaf, ref in zip(self.leaves[index] or [], cell.inputs):
             if leaf.requires_grad and leaf.grad is not None:
@@ -288,15 +312,16 @@ class _Boundary(torch.autograd.Function):
 
 def run_cells(
     cells: Sequence[Cell], group: WorkerGroup, results: Sequence[int], after_backward: Callable[[], None] = lambda: None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = DEFAULT_TIMEOUT, report_usage: Optional[Callable[[DeviceUsage], None]] = None,
 ) -> List[Tuple[Tensor, ...]]:
     """Run ``cells`` on ``group`` and return the outputs of the cells
     ``results``.  Under grad mode their floating-point outputs carry the
-    graph's backward, after which ``after_backward`` runs (on the caller's
-    thread, once every worker is done).  A phase that takes longer than
-    ``timeout`` seconds raises :class:`.worker.WorkerTimeout`."""
+    graph's backward, after which ``after_backward`` runs and then
+    ``report_usage`` gets the step's :class:`DeviceUsage` (both on the
+    caller's thread, once every worker is done).  A phase that takes longer
+    than ``timeout`` seconds raises :class:`.worker.WorkerTimeout`."""
     seed = int(torch.randint(0, 1 << 62, ()).item()) if torch.is_grad_enabled() else 0
-    graph = CellGraph(cells, group, seed, after_backward, timeout)
+    graph = CellGraph(cells, group, seed, after_backward, timeout, report_usage)
     graph.forward()
     refs = [(cell, position) for cell in results for position in range(len(graph.outputs[cell]))]
     if not torch.is_grad_enabled():

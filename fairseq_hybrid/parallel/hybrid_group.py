@@ -7,7 +7,8 @@ A :class:`HybridGroup` is made by the model's ``build_model`` when
 layer, checked once from the options), puts the layers on their devices,
 keeps the replicas of the parts that run away from their home device, and
 runs each training step as cells on its workers
-(:mod:`.step_cells`).  It is not a module: the model's parameter names,
+(:mod:`.step_cells`), logging how busy each device was as fairseq
+metrics.  It is not a module: the model's parameter names,
 and so its checkpoints, are the same with and without a group.
 """
 
@@ -16,8 +17,10 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Optional, Tuple
 
+from fairseq.logging import metrics
 from torch import Tensor
 
+from .cell_graph import DeviceUsage
 from .device_plan import DevicePlan, build_plan, check_options, plan_table
 from .placement_search import auto_placement
 from .replicas import ModelReplicas
@@ -107,4 +110,16 @@ class HybridGroup:
         else:
             built = build_hybrid_step(self.model, self.plan, net_input, target, shard_loss, self.chunk_length,
                                       self.replicas, masks)
-        return run_step(built, self.timeout)
+        return run_step(built, self.timeout, log_device_usage)
+
+
+def log_device_usage(usage: DeviceUsage) -> None:
+    """fairseq metrics of one training step, averaged over each
+    ``--log-interval`` like fairseq's own: ``devK_busy``, the fraction of
+    the step's forward and backward wall time device K spent running cells,
+    and ``group_fill``, their mean (1.0: no device ever waited).  On CUDA
+    these are host times, what the workers spent queueing their cells."""
+    fractions = usage.fractions()
+    for index, fraction in enumerate(fractions):
+        metrics.log_scalar(f"dev{index}_busy", fraction, weight=1, round=2)
+    metrics.log_scalar("group_fill", sum(fractions) / len(fractions), weight=1, round=2)

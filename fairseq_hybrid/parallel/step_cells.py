@@ -44,7 +44,7 @@ from torch import Tensor
 
 from ..criterions.fused_output_loss import KeptTargets, kept_targets
 from .batch_shards import batch_slices, sum_on
-from .cell_graph import Cell, Work, run_cells
+from .cell_graph import Cell, DeviceUsage, Work, run_cells
 from .device_plan import DevicePlan
 from .replicas import ModelReplicas, Replicas
 from .single_device_masks import draw_single_device_masks, with_masks
@@ -408,10 +408,11 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
     return BuiltStep(step, outputs, whole_models, list(range(len(shards))))
 
 
-def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor, ...]:
+def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT,
+             report_usage: Optional[Callable[[DeviceUsage], None]] = None) -> Tuple[Tensor, ...]:
     """Run the cells; return the shards' results added on the first shard's
     device.  After the backward pass the replicas' gradients go to the
-    master parameters."""
+    master parameters, and ``report_usage`` gets how busy each device was."""
     step = built.step
     reductions = ((built.replicas, tuple(built.replica_workers)),) + built.more_replicas
 
@@ -420,5 +421,5 @@ def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT) -> Tuple[Tensor
             replicas.reduce(list(workers))
 
     results = run_cells(step.cells, worker_group(step.devices), built.results, after_backward=reduce,
-                        timeout=timeout)
+                        timeout=timeout, report_usage=report_usage)
     return sum_on(results, results[0][0].device)
