@@ -6,6 +6,8 @@ fairseq_hybrid``) registers with fairseq:
 * the ``hybrid_lstm`` model and its presets (``hybrid_lstm_tiny``,
   ``hybrid_lstm_base``, ``hybrid_lstm_paper``),
 * the ``hybrid_cross_entropy`` criterion,
+* the ``ja_mecab`` tokeniser, for validation BLEU on Japanese output
+  (``--eval-bleu-detok ja_mecab --eval-tokenized-bleu``),
 
 installs this package's changes to fairseq (:mod:`.fairseq_patches`:
 safe checkpoint loading, checkpoints portable across machines, atomic
@@ -25,4 +27,4 @@ from . import virtual_devices  # noqa: E402
 
 virtual_devices.enable_from_environment()
 
-from . import criterions, models  # noqa: E402,F401
+from . import criterions, ja_mecab_bleu, models  # noqa: E402,F401

@@ -165,3 +165,20 @@ def test_fairseq_hydra_train_with_a_group(binarized, tmp_path):
     state = torch.load(tmp_path / "checkpoints" / "checkpoint_last.pt")
     assert state["cfg"]["model"]["hybrid_devices"] == "cpu,cpu"
     assert state["optimizer_history"][-1]["num_updates"] == 6
+
+
+def test_averaging_the_checkpoints_of_a_group(binarized, tmp_path):
+    """fairseq-hybrid-average on checkpoints a group wrote: the mean of
+    their weights, and the average translates with fairseq-generate."""
+    run_dir = tmp_path / "run"
+    train(binarized, run_dir, "4", "--lr", "0.005", "--save-interval-updates", "2", "--hybrid-devices", "cpu,cpu")
+    run(os.path.join(BIN, "fairseq-hybrid-average"), "--last", "2", run_dir, "--output", tmp_path / "average.pt")
+    first, second = torch.load(run_dir / "checkpoint_1_2.pt"), torch.load(run_dir / "checkpoint_1_4.pt")
+    average = torch.load(tmp_path / "average.pt")
+    assert average["cfg"]["model"]["hybrid_devices"] == "cpu,cpu"
+    for name, value in first["model"].items():
+        torch.testing.assert_close(average["model"][name],
+                                   (value.double() + second["model"][name].double()).div(2).float())
+    generated = run(os.path.join(BIN, "fairseq-generate"), binarized / "bin", "--user-dir", USER_DIR, "--cpu",
+                    "--path", tmp_path / "average.pt", "--beam", "2", "--max-tokens", "4000", "--max-len-b", "10")
+    assert len([line for line in generated.stdout.splitlines() if line.startswith("H-")]) == 200
