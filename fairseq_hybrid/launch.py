@@ -16,7 +16,10 @@ backward pass (the hybrid engine's backward runs on its worker threads, not
 inside one autograd call that PyTorch's DDP hooks could follow).  Batches
 are split across processes only; checkpoints are written by rank 0 only.
 
-When a process dies, torchrun stops the others and names the failed rank.
+When a process dies, torchrun stops the others on its node and names the
+failed rank; on the other nodes the processes fail in their next
+collective, and each names the ranks (and nodes) that stopped answering
+(:mod:`.liveness`) before it exits.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import os
 import subprocess
 import sys
 from typing import List, Optional
+
+from . import liveness
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -103,13 +108,40 @@ def process_arguments(device: str, per_process: int, train_args: List[str], env=
     ]
 
 
-def process_main(argv: List[str]) -> None:
-    """Inside a torchrun process: run fairseq-train for this rank."""
+def process_main(argv: List[str], env=os.environ) -> None:
+    """Inside a torchrun process: run fairseq-train for this rank; if it
+    fails while other processes take part, say which of them stopped."""
     device, per_process, train_args = argv[0], int(argv[1]), argv[2:]
     sys.argv = ["fairseq-train", *process_arguments(device, per_process, train_args)]
     from fairseq_cli.train import cli_main
 
-    cli_main()
+    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    per_node = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    store = None
+    if world_size > 1:
+        store = liveness.connect(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+        liveness.Heartbeat(store, rank)
+    try:
+        cli_main()
+    except Exception as error:
+        if store is not None:
+            sys.stderr.write(failure_message(rank, per_node, error, liveness.stopped_ranks(store, world_size, rank)))
+        raise
+
+
+def failure_message(rank: int, per_node: int, error: Exception, stopped: Optional[List[int]]) -> str:
+    def where(r):
+        return f"rank {r} (node {r // per_node})"
+
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if stopped is None:
+        cause = "the run's store on --master-addr (node 0) cannot be reached: node 0 has stopped"
+    elif stopped:
+        cause = "stopped answering: " + ", ".join(where(r) for r in stopped)
+    else:
+        cause = "every other process still answers, so the failure is this process's own"
+    return (f"fairseq-hybrid-train: {where(rank)} stopped training ({type(error).__name__}: {first_line}); "
+            f"{cause}. Restart the same command on every node to resume from checkpoint_last.pt.\n")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -175,3 +175,46 @@ def test_two_nodes_on_one_machine_equal_one_process_on_the_union_of_their_batche
     updates_one, one = parameters(tmp_path / "one" / "checkpoint_last.pt")
     assert updates_nodes == updates_one == 10
     assert_same_parameters(nodes, one)
+
+
+def tree(pid):
+    """``pid`` and all its descendants."""
+    found = [pid]
+    for child in children(pid):
+        found += tree(child)
+    return found
+
+
+@pytest.mark.slow
+def test_a_dead_node_stops_the_other_naming_it(binarized, tmp_path):
+    """Two "nodes" over loopback; node 1 dies whole (launcher, torchrun and
+    its process killed): node 0 stops within a bounded time, and its output
+    names the rank and node that stopped answering."""
+    launchers = [
+        subprocess.Popen([os.path.join(BIN, "fairseq-hybrid-train"), "--nnodes", "2", "--node-rank", str(rank),
+                          "--master-addr", "127.0.0.1", "--master-port", "29634", "--nproc-per-node", "1",
+                          "--devices-per-process", "1", "--device", "cpu", "--",
+                          str(binarized / "bin"), *TINY, "--max-update", "100000", "--save-dir", str(tmp_path / "run")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
+    try:
+        output = []
+        for line in launchers[0].stdout:
+            output.append(line)
+            if "num_updates=3," in line:
+                break
+        for pid in reversed(tree(launchers[1].pid)):
+            os.kill(pid, signal.SIGKILL)
+        start = time.time()
+        rest, _ = launchers[0].communicate(timeout=120)
+        elapsed = time.time() - start
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+            launcher.wait()
+    text = "".join(output) + rest
+    assert launchers[0].returncode != 0
+    assert elapsed < 120
+    assert "rank 0 (node 0) stopped training" in text and "stopped answering: rank 1 (node 1)" in text, text[-3000:]
