@@ -260,10 +260,10 @@ def main(argv=None):
     print()
     print(write_outputs(result, args.out))
     if not args.no_simulation and args.device == "cpu":
-        from simulate_schedule import main as simulate
-
-        simulate([args.data, "--max-tokens", str(args.max_tokens), "--batches", str(args.batches),
-                  "--measured", os.path.join(args.out, "bench.json"), "--json", os.path.join(args.out, "simulation.json")])
+        simulator = os.path.join(os.path.dirname(os.path.abspath(__file__)), "simulate_schedule.py")
+        subprocess.run([sys.executable, simulator, args.data, "--max-tokens", str(args.max_tokens),
+                        "--batches", str(args.batches), "--measured", os.path.join(args.out, "bench.json"),
+                        "--json", os.path.join(args.out, "simulation.json")], check=True)
     print(f"\nwritten: {args.out}/bench.json, bench.md, bench.png" + ("" if args.no_simulation else ", simulation.json"))
     return 0
 

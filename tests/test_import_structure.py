@@ -105,3 +105,18 @@ def test_nothing_outside_tests_imports_from_tests():
                 if re.search(r"sys\.path\.(insert|append)\([^\n]*tests", text):
                     offenders.append(os.path.relpath(path, REPO) + " (puts tests/ on sys.path)")
     assert not offenders, offenders
+
+
+def test_scripts_share_code_only_through_their_shared_module():
+    """An entry script under scripts/ imports no other entry script: what
+    they share lives in scripts/benchmarking.py."""
+    folder = os.path.join(REPO, "scripts")
+    scripts = {name[:-3] for name in os.listdir(folder) if name.endswith(".py")}
+    offenders = []
+    for name in sorted(scripts):
+        tree = ast.parse(open(os.path.join(folder, name + ".py")).read())
+        for node in ast.walk(tree):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{name} imports {n}" for n in names if n in scripts - {"benchmarking", name}]
+    assert not offenders, offenders
