@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import StandInTask, build_model, make_sample
-from exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads
+from exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.device_plan import MODES
 
@@ -38,10 +38,7 @@ def test_batch_smaller_than_the_group(dictionaries):
     """A batch of 2 sentences on 4 devices: 2 shards, same result."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.0)
-    torch.manual_seed(0)
-    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
-    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, hybrid_devices="4", hybrid_mode="data")
-    group.load_state_dict(single.state_dict())
+    single, group, _ = single_and_group(dictionaries, {"hybrid_devices": "4", "hybrid_mode": "data"})
     sample = make_sample(src_dict, tgt_dict, [3, 6], [5, 2])
     torch.testing.assert_close(criterion(group, sample)[0], criterion(single, sample)[0], rtol=1e-5, atol=0)
 

@@ -30,6 +30,18 @@ def assert_same_parameters(a, b, rtol=1e-5):
         torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=1e-6, msg=name)
 
 
+def assert_equals_one_process_with_update_freq_2(binarized, save_dir, checkpoint):
+    """``checkpoint``, written by two processes after 10 updates, holds the
+    parameters of one process of 2 CPU devices with --update-freq 2 (the
+    same union of batches)."""
+    run(os.path.join(BIN, "fairseq-train"), binarized / "bin", "--user-dir", USER_DIR, "--cpu", *TINY,
+        "--max-update", "10", "--hybrid-devices", "cpu,cpu", "--update-freq", "2", "--save-dir", save_dir)
+    updates_two, two = parameters(checkpoint)
+    updates_one, one = parameters(save_dir / "checkpoint_last.pt")
+    assert updates_two == updates_one == 10
+    assert_same_parameters(two, one)
+
+
 def test_launcher_supplies_the_distributed_flags():
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}
     cpu = process_arguments("cpu", 2, ["data", "--arch", "hybrid_lstm_base"], env)
@@ -67,12 +79,7 @@ def test_two_processes_equal_one_process_on_the_union_of_their_batches(binarized
     run(os.path.join(BIN, "fairseq-hybrid-train"), "--nproc-per-node", "2", "--devices-per-process", "2",
         "--device", "cpu", "--master-port", "29631", "--",
         binarized / "bin", *TINY, "--max-update", "10", "--save-dir", tmp_path / "two")
-    run(os.path.join(BIN, "fairseq-train"), binarized / "bin", "--user-dir", USER_DIR, "--cpu", *TINY,
-        "--max-update", "10", "--hybrid-devices", "cpu,cpu", "--update-freq", "2", "--save-dir", tmp_path / "one")
-    updates_two, two = parameters(tmp_path / "two" / "checkpoint_last.pt")
-    updates_one, one = parameters(tmp_path / "one" / "checkpoint_last.pt")
-    assert updates_two == updates_one == 10
-    assert_same_parameters(two, one)
+    assert_equals_one_process_with_update_freq_2(binarized, tmp_path / "one", tmp_path / "two" / "checkpoint_last.pt")
     assert sorted(os.listdir(tmp_path / "two")) == ["checkpoint_best.pt", "checkpoint_last.pt"]
 
 
@@ -147,19 +154,25 @@ def test_a_dead_process_stops_the_others(binarized, tmp_path):
     assert "ChildFailedError" in text and "SIGKILL" in text, text[-3000:]
 
 
+def two_nodes(binarized, port, devices_per_process, max_update, save_dir):
+    """Two "nodes" on this machine: two launchers with --nnodes 2 over
+    loopback, each one process of ``devices_per_process`` CPU devices."""
+    return [
+        subprocess.Popen([os.path.join(BIN, "fairseq-hybrid-train"), "--nnodes", "2", "--node-rank", str(rank),
+                          "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1",
+                          "--devices-per-process", str(devices_per_process), "--device", "cpu", "--",
+                          str(binarized / "bin"), *TINY, "--max-update", str(max_update), "--save-dir", str(save_dir)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
+
+
 @pytest.mark.slow
 def test_two_nodes_on_one_machine_equal_one_process_on_the_union_of_their_batches(binarized, tmp_path):
     """Two "nodes" over loopback (two launchers, --nnodes 2, each one process
     of 2 CPU devices) give the parameters of one process with --update-freq 2
     after 10 updates, as two processes on one node do."""
-    launchers = [
-        subprocess.Popen([os.path.join(BIN, "fairseq-hybrid-train"), "--nnodes", "2", "--node-rank", str(rank),
-                          "--master-addr", "127.0.0.1", "--master-port", "29633", "--nproc-per-node", "1",
-                          "--devices-per-process", "2", "--device", "cpu", "--",
-                          str(binarized / "bin"), *TINY, "--max-update", "10", "--save-dir", str(tmp_path / "nodes")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in (0, 1)
-    ]
+    launchers = two_nodes(binarized, 29633, 2, 10, tmp_path / "nodes")
     outputs = []
     try:
         for launcher in launchers:
@@ -169,12 +182,8 @@ def test_two_nodes_on_one_machine_equal_one_process_on_the_union_of_their_batche
             if launcher.poll() is None:
                 launcher.kill()
     assert [launcher.returncode for launcher in launchers] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
-    run(os.path.join(BIN, "fairseq-train"), binarized / "bin", "--user-dir", USER_DIR, "--cpu", *TINY,
-        "--max-update", "10", "--hybrid-devices", "cpu,cpu", "--update-freq", "2", "--save-dir", tmp_path / "one")
-    updates_nodes, nodes = parameters(tmp_path / "nodes" / "checkpoint_last.pt")
-    updates_one, one = parameters(tmp_path / "one" / "checkpoint_last.pt")
-    assert updates_nodes == updates_one == 10
-    assert_same_parameters(nodes, one)
+    assert_equals_one_process_with_update_freq_2(binarized, tmp_path / "one",
+                                                 tmp_path / "nodes" / "checkpoint_last.pt")
 
 
 def tree(pid):
@@ -190,14 +199,7 @@ def test_a_dead_node_stops_the_other_naming_it(binarized, tmp_path):
     """Two "nodes" over loopback; node 1 dies whole (launcher, torchrun and
     its process killed): node 0 stops within a bounded time, and its output
     names the rank and node that stopped answering."""
-    launchers = [
-        subprocess.Popen([os.path.join(BIN, "fairseq-hybrid-train"), "--nnodes", "2", "--node-rank", str(rank),
-                          "--master-addr", "127.0.0.1", "--master-port", "29634", "--nproc-per-node", "1",
-                          "--devices-per-process", "1", "--device", "cpu", "--",
-                          str(binarized / "bin"), *TINY, "--max-update", "100000", "--save-dir", str(tmp_path / "run")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in (0, 1)
-    ]
+    launchers = two_nodes(binarized, 29634, 1, 100000, tmp_path / "run")
     try:
         output = []
         for line in launchers[0].stdout:

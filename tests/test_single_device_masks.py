@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from conftest import StandInTask, build_model, make_sample
-from exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, loss_and_grads
+from conftest import StandInTask
+from exactness import loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 
 
@@ -14,13 +14,11 @@ def test_single_device_masks_make_dropout_runs_equal_one_device(mode, dictionari
     the single-device model's masks, so loss and gradients equal its own."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True)
-    torch.manual_seed(0)
-    options = dict(LAYERS, dropout=0.3, encoder_bidirectional_layers=2)
-    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **options).train()
-    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **options, hybrid_devices="3", hybrid_mode=mode,
-                        hybrid_chunk_length=3, hybrid_dropout_masks="single-device").train()
-    group.load_state_dict(single.state_dict())
-    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    single, group, sample = single_and_group(
+        dictionaries, {"hybrid_devices": "3", "hybrid_mode": mode, "hybrid_chunk_length": 3,
+                       "hybrid_dropout_masks": "single-device"}, dropout=0.3, encoder_bidirectional_layers=2)
+    single.train()
+    group.train()
     torch.manual_seed(9)
     loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
     torch.manual_seed(9)

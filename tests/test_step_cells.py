@@ -73,12 +73,9 @@ def test_ignore_prefix_size(dictionaries):
 def test_validation_without_gradients(mode, dictionaries):
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
-    torch.manual_seed(0)
-    single = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS).eval()
-    group = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, hybrid_devices="3",
-                        hybrid_mode=mode).eval()
-    group.load_state_dict(single.state_dict())
-    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "3", "hybrid_mode": mode})
+    single.eval()
+    group.eval()
     with torch.no_grad():
         loss, _, _ = criterion(group, sample)
         assert not loss.requires_grad

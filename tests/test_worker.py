@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import StandInTask, build_model, make_sample
+from conftest import StandInTask
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.cell_graph import Cell, run_cells
 from fairseq_hybrid.parallel.worker import WorkerError, WorkerGroup, WorkerTimeout
