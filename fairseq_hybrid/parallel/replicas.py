@@ -95,11 +95,9 @@ class ModelReplicas:
         return self._get(f"encoder layer {layer} {'reverse' if reverse else 'forward'}", master)
 
     def whole_model(self) -> Replicas:
-        model = self.model
-        return self._get("model", model, lambda m: type(m)(copy.deepcopy(m.encoder), copy.deepcopy(m.decoder)))
+        return self._get("model", self.model, lambda m: type(m)(copy.deepcopy(m.encoder), copy.deepcopy(m.decoder)))
 
     def _get(self, key: str, master: nn.Module, make_copy=copy.deepcopy) -> Replicas:
         if key not in self.cache or self.cache[key].master is not master:
             self.cache[key] = Replicas(master, make_copy)
         return self.cache[key]
-
