@@ -7,7 +7,7 @@
 #
 # It is fairseq-interactive on raw text (--bpe sentencepiece with the run's
 # sentencepiece model), with the run's best checkpoint (the one the recipe
-# scores), else its last.
+# scores), else its last. Blank input lines come out blank.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -51,12 +51,21 @@ if [[ -z "$checkpoint" ]]; then
     "$run" 2>/dev/null)" || { echo "error: no checkpoint in $run/checkpoints" >&2; exit 2; }
 fi
 
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+log="$(mktemp)"; text="$(mktemp)"; translations="$(mktemp)"
+trap 'rm -f "$log" "$text" "$translations"' EXIT
+cat > "$text"
+# Blank lines are not translated: they come out blank, in their place.
 # D-<id> lines hold the detokenised hypothesis; fairseq prints them in input order.
-if ! fairseq-interactive "$work/bin" --user-dir "$repo/fairseq_hybrid" --cpu --path "$checkpoint" \
-    --source-lang ja --target-lang en --bpe sentencepiece --sentencepiece-model "$work/spm/spm.model" \
-    --beam "$beam" --buffer-size 64 --max-tokens 8000 2>"$log" | grep '^D-' | cut -f3; then
-  cat "$log" >&2
-  exit 1
+if ! grep -v '^[[:space:]]*$' "$text" | fairseq-interactive "$work/bin" --user-dir "$repo/fairseq_hybrid" --cpu \
+    --path "$checkpoint" --source-lang ja --target-lang en --bpe sentencepiece --sentencepiece-model "$work/spm/spm.model" \
+    --beam "$beam" --buffer-size 64 --max-tokens 8000 2>"$log" | grep '^D-' | cut -f3 > "$translations"; then
+  # grep finds no D- line when every input line is blank: that is not a failure.
+  if grep -q '[^[:space:]]' "$text"; then
+    cat "$log" >&2
+    exit 1
+  fi
 fi
+awk -v translations="$translations" '
+  BEGIN { while ((getline line < translations) > 0) out[++n] = line }
+  /^[[:space:]]*$/ { print ""; next }
+  { print out[++i] }' "$text"
