@@ -63,15 +63,15 @@ def test_averaging(trained, tmp_path):
 
 def test_translate_from_the_shell(trained):
     work, _, _ = trained
-    translate = ("bash", os.path.join(REPO, "recipes", "tatoeba_ja_en", "translate.sh"), "--run", work / "tiny")
+    script = os.path.join(REPO, "recipes", "tatoeba_ja_en", "translate.sh")
+    translate = ("bash", script, "--run", work / "tiny")
     result = run(*translate, input="ひとつ質問してもいいですか。\n\n彼は医者です。\n  \nこれ以上考えても無駄だ。\n")
     lines = result.stdout.split("\n")
     assert len(lines) == 6 and lines[5] == "", result.stdout
     assert [bool(line) for line in lines[:5]] == [True, False, True, False, True], result.stdout  # blank stays blank
     assert "▁" not in result.stdout  # sentencepiece removed
     assert run(*translate, input="\n \n").stdout == "\n\n"
-    bad = subprocess.run(["bash", os.path.join(REPO, "recipes", "tatoeba_ja_en", "translate.sh"), "--run",
-                          str(work / "nothing")], capture_output=True, text=True, input="")
+    bad = subprocess.run(["bash", script, "--run", str(work / "nothing")], capture_output=True, text=True, input="")
     assert bad.returncode == 2 and "no run at" in bad.stderr
 
 

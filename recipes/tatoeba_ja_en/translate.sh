@@ -55,17 +55,16 @@ log="$(mktemp)"; text="$(mktemp)"; translations="$(mktemp)"
 trap 'rm -f "$log" "$text" "$translations"' EXIT
 cat > "$text"
 # Blank lines are not translated: they come out blank, in their place.
+blank='^[[:space:]]*$'
 # D-<id> lines hold the detokenised hypothesis; fairseq prints them in input order.
-if ! grep -v '^[[:space:]]*$' "$text" | fairseq-interactive "$work/bin" --user-dir "$repo/fairseq_hybrid" --cpu \
-    --path "$checkpoint" --source-lang ja --target-lang en --bpe sentencepiece --sentencepiece-model "$work/spm/spm.model" \
+if grep -qv "$blank" "$text" && ! grep -v "$blank" "$text" | fairseq-interactive "$work/bin" \
+    --user-dir "$repo/fairseq_hybrid" --cpu --path "$checkpoint" --source-lang ja --target-lang en \
+    --bpe sentencepiece --sentencepiece-model "$work/spm/spm.model" \
     --beam "$beam" --buffer-size 64 --max-tokens 8000 2>"$log" | grep '^D-' | cut -f3 > "$translations"; then
-  # grep finds no D- line when every input line is blank: that is not a failure.
-  if grep -q '[^[:space:]]' "$text"; then
-    cat "$log" >&2
-    exit 1
-  fi
+  cat "$log" >&2
+  exit 1
 fi
-awk -v translations="$translations" '
+awk -v translations="$translations" -v blank="$blank" '
   BEGIN { while ((getline line < translations) > 0) out[++n] = line }
-  /^[[:space:]]*$/ { print ""; next }
+  $0 ~ blank { print ""; next }
   { print out[++i] }' "$text"
