@@ -184,11 +184,15 @@ for direction in ${directions//,/ }; do
         log "generate $direction: beam $beam on $split"
         cpu=(); [[ "$device" == cpu ]] && cpu=(--cpu)
         join=(); [[ "$tgt" == ja && $mecab == 1 ]] && join=(--join-japanese)
+        # a source over 1024 tokens is translated from its start (and named by
+        # extract_hypotheses.py), never a reason to stop the whole split
         fairseq-generate "$bin" --user-dir "$repo/fairseq_hybrid" "${cpu[@]}" --path "$checkpoint" \
           --gen-subset "$split" --beam "$beam" --max-tokens 8000 --remove-bpe sentencepiece \
-          --required-batch-size-multiple 1 > "$run/generate.$split.out"
+          --required-batch-size-multiple 1 --truncate-source --max-source-positions 1024 \
+          --skip-invalid-size-inputs-valid-test > "$run/generate.$split.out"
         python "$repo/scripts/extract_hypotheses.py" "$run/generate.$split.out" "$hyp" \
-          --expect "$(wc -l < "$raw/ref/$split.$tgt")" "${join[@]}"
+          --expect "$(wc -l < "$raw/ref/$split.$tgt")" "${join[@]}" \
+          --source "$spm_dir/$split.$src" --max-source-positions 1024
       fi
     done
   fi

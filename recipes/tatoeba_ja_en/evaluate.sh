@@ -43,9 +43,13 @@ fi
 # batch is dropped when its size is not a multiple of 8 (fairseq issue 5036).
 # --user-dir also for fairseq's lstm: it makes torch.load accept the
 # argparse.Namespace such checkpoints hold, with weights_only kept on.
+# --truncate-source: a source over --max-source-positions is translated from
+# its start (extract_hypotheses.py names it) instead of stopping the run.
 fairseq-generate "$work/bin" --user-dir "$repo/fairseq_hybrid" --cpu --path "$checkpoint" \
   --gen-subset test --beam "$beam" --max-tokens 8000 --remove-bpe sentencepiece \
-  --required-batch-size-multiple 1 > "$out/generate.out"
-python "$repo/scripts/extract_hypotheses.py" "$out/generate.out" "$out/hyp.en" --expect "$(wc -l < "$work/raw/test.en")"
+  --required-batch-size-multiple 1 --truncate-source --max-source-positions 1024 \
+  --skip-invalid-size-inputs-valid-test > "$out/generate.out"
+python "$repo/scripts/extract_hypotheses.py" "$out/generate.out" "$out/hyp.en" --expect "$(wc -l < "$work/raw/test.en")" \
+  --source "$work/spm/test.ja" --max-source-positions 1024
 sacrebleu "$work/raw/test.en" -i "$out/hyp.en" -m bleu chrf > "$out/score.json.tmp"
 mv "$out/score.json.tmp" "$out/score.json"
