@@ -13,14 +13,29 @@ It is ``HybridLSTMModel.from_pretrained`` with those paths filled in, so
 any of fairseq's generation options may be given (``beam=5``).  Several
 checkpoints joined with ``:`` (``checkpoint="a.pt:b.pt"``) translate as
 an ensemble, as ``fairseq-generate --path a.pt:b.pt`` does.
+
+Its ``translate`` keeps every line in its place, as ``translate.sh`` does
+(:mod:`fairseq_hybrid.line_translation`): one value in, one line out; a
+blank value gives ""; a value too long for the model is translated
+sentence by sentence; bytes are decoded as UTF-8 with replacement; a value
+that cannot be translated gives "" and a logged warning naming its place,
+never an exception that loses the others.  ``translate_lines`` returns
+the full :class:`~fairseq_hybrid.line_translation.LineResult` of each.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Optional
+from typing import List, Optional, Sequence, Union
 
+from fairseq import hub_utils
+
+from .line_input import clean_lines
+from .line_translation import LineResult, LineTranslator
 from .models.hybrid_lstm import HybridLSTMModel
+
+logger = logging.getLogger(__name__)
 
 # The recipe's own choice first (docs/search/tatoeba.md: the average scored lower).
 CHECKPOINTS = ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_average.pt")
@@ -34,6 +49,32 @@ def find_checkpoint(run_dir: str) -> str:
             if os.path.isfile(os.path.join(folder, name)):
                 return os.path.join(folder, name)
     raise FileNotFoundError(f"no checkpoint ({', '.join(CHECKPOINTS)}) in {run_dir} or {run_dir}/checkpoints")
+
+
+class LineSafeHubInterface(hub_utils.GeneratorHubInterface):
+    """fairseq's hub interface whose ``translate`` never shifts, drops or
+    merges lines: one result per value, in order."""
+
+    def translate_lines(self, lines: Sequence[Union[str, bytes]], beam: Optional[int] = None,
+                        buffer_size: int = 64, **generation) -> List[LineResult]:
+        """One :class:`LineResult` per value (numbered from 1), warnings and
+        errors logged with the value's number.  ``beam``: default, the one
+        given to :func:`load_translator`."""
+        translator = LineTranslator(self, beam=beam or self.cfg.generation.beam, buffer_size=buffer_size,
+                                    **generation)
+        results = list(translator.translate(clean_lines(lines)))
+        for result in results:
+            for message in result.messages():
+                logger.warning(message)
+        return results
+
+    def translate(self, sentences: Union[str, bytes, Sequence[Union[str, bytes]]], beam: Optional[int] = None,
+                  verbose: bool = False, **generation):
+        """A translation for one value, or a list of them for a list, in order."""
+        single = isinstance(sentences, (str, bytes))
+        results = self.translate_lines([sentences] if single else sentences, beam=beam, **generation)
+        translations = [result.translation for result in results]
+        return translations[0] if single else translations
 
 
 def _work_dir(run_dir: str) -> str:
@@ -66,8 +107,10 @@ def load_translator(run_dir: str, checkpoint: Optional[str] = None, data: Option
                        ("sentencepiece model", sentencepiece_model)):
         if not os.path.exists(path):
             raise FileNotFoundError(f"{what} not found at {path}")
-    # fairseq joins each file to the folder; absolute paths stay as they are
-    hub = HybridLSTMModel.from_pretrained(
+    # HybridLSTMModel.from_pretrained with our interface instead of fairseq's;
+    # fairseq joins each file to the folder, absolute paths stay as they are
+    loaded = hub_utils.from_pretrained(
         os.path.dirname(checkpoints[0]), checkpoint_file=os.pathsep.join(checkpoints), data_name_or_path=data,
-        bpe="sentencepiece", sentencepiece_model=sentencepiece_model, beam=beam, cpu=cpu, **options)
-    return hub.eval()
+        archive_map=HybridLSTMModel.hub_models(), bpe="sentencepiece", sentencepiece_model=sentencepiece_model,
+        beam=beam, cpu=cpu, **options)
+    return LineSafeHubInterface(loaded["args"], loaded["task"], loaded["models"]).eval()

@@ -39,3 +39,24 @@ def binarized(tmp_path_factory):
 @pytest.fixture
 def dictionaries():
     return make_dictionary(), make_dictionary(37)
+
+
+def train_tiny_run(work, name, *options):
+    save_dir = work / name / "checkpoints"
+    run(os.path.join(BIN, "fairseq-train"), work / "bin", "--user-dir", USER_DIR, "--cpu",
+        "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "1000", "--max-update", "12",
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", "3", "--no-progress-bar",
+        "--save-interval-updates", "6", "--keep-interval-updates", "2", *options)
+    return save_dir
+
+
+@pytest.fixture(scope="session")
+def trained(binarized):
+    """A hybrid_lstm_tiny run (checkpoints at 6 and 12 updates) and a
+    fairseq lstm run, in the recipe's layout (WORK/bin, WORK/spm, WORK/RUN):
+    the models that translating is tested with."""
+    hybrid = train_tiny_run(binarized, "tiny", "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy")
+    lstm = train_tiny_run(binarized, "lstm", "--arch", "lstm", "--encoder-embed-dim", "16", "--encoder-hidden-size", "16",
+                 "--decoder-embed-dim", "16", "--decoder-hidden-size", "16", "--decoder-out-embed-dim", "16",
+                 "--criterion", "label_smoothed_cross_entropy")
+    return binarized, hybrid, lstm

@@ -49,3 +49,19 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     assert runs["fp32"]["largest relative parameter difference"] < 1e-4
     assert "skipped" in runs["fp16"]
     assert "| precision | yes |" in open(out / "gpu_check.md").read()
+
+
+@pytest.mark.slow
+def test_bench_translate_smoke(trained, tmp_path):
+    """Translating a file, timed side by side: translate.sh (batched) and
+    fairseq-interactive on three lines, one of them blank."""
+    work, _, _ = trained
+    text = tmp_path / "input.ja"
+    text.write_text("彼は医者です。\n\nこれ以上考えても無駄だ。\n", encoding="utf-8")
+    out = tmp_path / "bench"
+    run(sys.executable, os.path.join(SCRIPTS, "bench_translate.py"), "--run", work / "tiny", "--input", text,
+        "--lines", "3", "--rounds", "1", "--beam", "2", "--skip", "buffer 1", "--out", out, timeout=600)
+    report = json.load(open(out / "translate.json"))
+    assert [row["system"] for row in report["rows"]] == ["fairseq-interactive, buffer 64", "translate.sh, buffer 64"]
+    assert report["lines"] == 3 and all(row["lines_per_second"] > 0 for row in report["rows"])
+    assert "| translate.sh, buffer 64 |" in open(out / "translate.md").read()

@@ -10,30 +10,10 @@ import sys
 import pytest
 import torch
 
-from conftest import BIN, REPO, USER_DIR, run
+from conftest import REPO, run
 
 pytestmark = pytest.mark.slow
 AVERAGE = [sys.executable, "-m", "fairseq_hybrid.average"]
-
-
-def train(work, name, *options):
-    save_dir = work / name / "checkpoints"
-    run(os.path.join(BIN, "fairseq-train"), work / "bin", "--user-dir", USER_DIR, "--cpu",
-        "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "1000", "--max-update", "12",
-        "--save-dir", save_dir, "--no-epoch-checkpoints", "--seed", "3", "--no-progress-bar",
-        "--save-interval-updates", "6", "--keep-interval-updates", "2", *options)
-    return save_dir
-
-
-@pytest.fixture(scope="module")
-def trained(binarized):
-    """A hybrid_lstm_tiny run (checkpoints at 6 and 12 updates) and a
-    fairseq lstm run, in the recipe's layout (WORK/bin, WORK/spm, WORK/RUN)."""
-    hybrid = train(binarized, "tiny", "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy")
-    lstm = train(binarized, "lstm", "--arch", "lstm", "--encoder-embed-dim", "16", "--encoder-hidden-size", "16",
-                 "--decoder-embed-dim", "16", "--decoder-hidden-size", "16", "--decoder-out-embed-dim", "16",
-                 "--criterion", "label_smoothed_cross_entropy")
-    return binarized, hybrid, lstm
 
 
 def test_averaging(trained, tmp_path):

@@ -5,9 +5,13 @@
 #   echo "ひとつ質問してもいいですか。" | bash recipes/tatoeba_ja_en/translate.sh
 #   bash recipes/tatoeba_ja_en/translate.sh --run work/tatoeba_ja_en/hybrid_lstm_base < input.ja > output.en
 #
-# It is fairseq-interactive on raw text (--bpe sentencepiece with the run's
-# sentencepiece model), with the run's best checkpoint (the one the recipe
-# scores), else its last. Blank input lines come out blank.
+# One line out for every line in, always in its place: blank lines come out
+# blank, invalid UTF-8 is replaced (U+FFFD), control characters become
+# spaces, a line too long for the model is translated sentence by sentence;
+# each such line is named on stderr. A line that cannot be translated is
+# named on stderr and comes out empty; the others are translated, and the
+# exit status is then 1. It runs fairseq-hybrid-translate (python -m
+# fairseq_hybrid.translate) with the run's best checkpoint, else its last.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -16,14 +20,17 @@ run="$repo/work/tatoeba_ja_en/hybrid_lstm_base"
 work=""
 checkpoint=""
 beam=5
+buffer_size=64
 
 usage() {
-  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "Options:"
   echo "  --run DIR          the recipe's run folder (default: $run)"
   echo "  --work-dir DIR     the folder with bin/ and spm/ (default: the run folder's parent)"
   echo "  --checkpoint FILE  a checkpoint to use instead of the run's"
   echo "  --beam N           beam size (default: $beam)"
+  echo "  --buffer-size N    lines translated together as a batch (default: $buffer_size)"
+  echo "Exit status: 0 all lines translated, 1 some lines not (named on stderr), 2 usage errors."
 }
 
 while [[ $# -gt 0 ]]; do
@@ -32,6 +39,7 @@ while [[ $# -gt 0 ]]; do
     --work-dir) work="$2"; shift 2 ;;
     --checkpoint) checkpoint="$2"; shift 2 ;;
     --beam) beam="$2"; shift 2 ;;
+    --buffer-size) buffer_size="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -46,25 +54,7 @@ work="${work:-$(dirname "$run")}"
 for needed in "$work/bin/dict.ja.txt" "$work/spm/spm.model"; do
   [[ -f "$needed" ]] || { echo "error: $needed not found (give --work-dir)" >&2; exit 2; }
 done
-if [[ -z "$checkpoint" ]]; then
-  checkpoint="$(python -c 'import sys; from fairseq_hybrid.hub import find_checkpoint; print(find_checkpoint(sys.argv[1]))' \
-    "$run" 2>/dev/null)" || { echo "error: no checkpoint in $run/checkpoints" >&2; exit 2; }
-fi
-
-log="$(mktemp)"; text="$(mktemp)"; translations="$(mktemp)"
-trap 'rm -f "$log" "$text" "$translations"' EXIT
-cat > "$text"
-# Blank lines are not translated: they come out blank, in their place.
-blank='^[[:space:]]*$'
-# D-<id> lines hold the detokenised hypothesis; fairseq prints them in input order.
-if grep -qv "$blank" "$text" && ! grep -v "$blank" "$text" | fairseq-interactive "$work/bin" \
-    --user-dir "$repo/fairseq_hybrid" --cpu --path "$checkpoint" --source-lang ja --target-lang en \
-    --bpe sentencepiece --sentencepiece-model "$work/spm/spm.model" \
-    --beam "$beam" --buffer-size 64 --max-tokens 8000 2>"$log" | grep '^D-' | cut -f3 > "$translations"; then
-  cat "$log" >&2
-  exit 1
-fi
-awk -v translations="$translations" -v blank="$blank" '
-  BEGIN { while ((getline line < translations) > 0) out[++n] = line }
-  $0 ~ blank { print ""; next }
-  { print out[++i] }' "$text"
+options=(--run "$run" --data "$work/bin" --sentencepiece-model "$work/spm/spm.model" --beam "$beam"
+         --buffer-size "$buffer_size")
+[[ -n "$checkpoint" ]] && options+=(--checkpoint "$checkpoint")
+exec python -m fairseq_hybrid.translate "${options[@]}"
