@@ -80,7 +80,6 @@ def clean_lines(lines: Iterable[Union[bytes, str]]) -> List[InputLine]:
 def _single_line(number: int, line: Union[bytes, str]) -> Union[bytes, str]:
     if not isinstance(line, (bytes, str)):
         raise TypeError(f"line {number}: expected str or bytes, got {type(line).__name__}")
-    newline = b"\n" if isinstance(line, bytes) else "\n"
+    newline, space = (b"\n", b" ") if isinstance(line, bytes) else ("\n", " ")
     # one value is one line: a newline inside it is a space, never a new line
-    return line.rstrip(newline).replace(newline, b" " if isinstance(line, bytes) else " ")
-
+    return line.rstrip(newline).replace(newline, space)

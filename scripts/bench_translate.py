@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import List
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SCRIPT = os.path.join(REPO, "recipes", "tatoeba_ja_en", "translate.sh")
@@ -48,18 +50,29 @@ def shown(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def commands(run: str, work: str, checkpoint: str, beam: int):
+@dataclass
+class Command:
+    """One system of the table.  ``line_for_line``: it takes every line,
+    blank ones included, and must give exactly one line out for each;
+    fairseq-interactive gets only the non-blank lines and is not counted."""
+
+    name: str
+    argv: List[str]
+    line_for_line: bool
+
+
+def commands(run: str, work: str, checkpoint: str, beam: int) -> List[Command]:
     translate = ["bash", SCRIPT, "--run", run, "--work-dir", work, "--checkpoint", checkpoint, "--beam", str(beam)]
-    return {
-        "fairseq-interactive, buffer 64": [
-            os.path.join(BIN, "fairseq-interactive"), os.path.join(work, "bin"), "--user-dir",
-            os.path.join(REPO, "fairseq_hybrid"), "--cpu", "--path", checkpoint, "--source-lang", "ja",
-            "--target-lang", "en", "--bpe", "sentencepiece", "--sentencepiece-model",
-            os.path.join(work, "spm", "spm.model"), "--beam", str(beam), "--buffer-size", "64",
-            "--max-tokens", "8000"],
-        "translate.sh, buffer 64": translate + ["--buffer-size", "64"],
-        "translate.sh, buffer 1": translate + ["--buffer-size", "1"],
-    }
+    interactive = [
+        os.path.join(BIN, "fairseq-interactive"), os.path.join(work, "bin"), "--user-dir",
+        os.path.join(REPO, "fairseq_hybrid"), "--cpu", "--path", checkpoint, "--source-lang", "ja",
+        "--target-lang", "en", "--bpe", "sentencepiece", "--sentencepiece-model",
+        os.path.join(work, "spm", "spm.model"), "--beam", str(beam), "--buffer-size", "64", "--max-tokens", "8000"]
+    return [
+        Command("fairseq-interactive, buffer 64", interactive, line_for_line=False),
+        Command("translate.sh, buffer 64", translate + ["--buffer-size", "64"], line_for_line=True),
+        Command("translate.sh, buffer 1", translate + ["--buffer-size", "1"], line_for_line=True),
+    ]
 
 
 def main(argv=None) -> int:
@@ -84,28 +97,29 @@ def main(argv=None) -> int:
         lines = f.read().split(b"\n")[:args.lines]
     data = b"\n".join(lines) + b"\n"
     nonblank = b"\n".join(line for line in lines if line.strip()) + b"\n"
-    systems = {name: command for name, command in commands(run, work, checkpoint, args.beam).items()
-               if not any(skip and skip in name for skip in args.skip.split(","))}
-    seconds = {name: [] for name in systems}
+    systems = [command for command in commands(run, work, checkpoint, args.beam)
+               if not any(skip and skip in command.name for skip in args.skip.split(","))]
+    seconds = {command.name: [] for command in systems}
     for round_ in range(args.rounds):
-        for name, command in systems.items():
-            feed = nonblank if name.startswith("fairseq-interactive") else data
+        for command in systems:
+            name = command.name
             with tempfile.TemporaryFile() as out:
                 start = time.monotonic()
-                result = subprocess.run(command, input=feed, stdout=out, stderr=subprocess.PIPE)
+                result = subprocess.run(command.argv, input=data if command.line_for_line else nonblank, stdout=out,
+                                        stderr=subprocess.PIPE)
                 elapsed = time.monotonic() - start
                 out.seek(0)
                 produced = out.read()
             if result.returncode != 0:
                 print(f"error: {name} failed:\n{result.stderr.decode(errors='replace')[-2000:]}", file=sys.stderr)
                 return 1
-            if not name.startswith("fairseq-interactive"):
+            if command.line_for_line:
                 count = produced.count(b"\n")
                 assert count == len(lines), f"{name}: {count} lines out for {len(lines)} in"
             seconds[name].append(elapsed)
             print(f"round {round_ + 1}: {name}: {elapsed:.1f} s, {len(lines) / elapsed:.2f} lines/s", flush=True)
 
-    base = statistics.median(seconds[next(iter(systems))])
+    base = statistics.median(seconds[systems[0].name])
     rows = []
     for name, times in seconds.items():
         median = statistics.median(times)
