@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import traceback
+import weakref
 from contextlib import ExitStack, contextmanager
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
@@ -47,10 +48,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from . import virtual_streams
 from .parallel import thread_state
 from .parallel.worker import current_worker
+from .virtual_memory import DeviceMemory
+from .virtual_streams import StreamChecker, reads_and_writes
 
 ENVIRONMENT_VARIABLE = "FAIRSEQ_HYBRID_VIRTUAL_DEVICES"
+BATCH_DEVICE_VARIABLE = "FAIRSEQ_HYBRID_VIRTUAL_BATCH_DEVICE"  # e.g. cpu:0: batches go there, as fairseq's to cuda:0
 
 HOST = None  # the tag of host memory
 
@@ -95,13 +100,17 @@ def _caller() -> str:
 
 
 class VirtualDevices:
-    """The state of one harness: tags and recorded synchronisations."""
+    """The state of one harness: tags, recorded synchronisations, the
+    memory each device holds (:attr:`memory`) and, unless turned off, the
+    virtual streams' checker (:attr:`streams`)."""
 
-    def __init__(self):
+    def __init__(self, streams: bool = True):
         self._tags: Dict[StorageWeakRef, Optional[int]] = {}
-        self._lock = threading.Lock()
-        self._writes = 0
+        self._sizes: Dict[StorageWeakRef, int] = {}
+        self._lock = threading.RLock()  # a storage's finalizer may run on any thread, inside any call
         self.syncs: List[Sync] = []
+        self.memory = DeviceMemory()
+        self.streams: Optional[StreamChecker] = StreamChecker() if streams else None
 
     # -- tags ----------------------------------------------------------------
 
@@ -112,18 +121,44 @@ class VirtualDevices:
         return self._tags.get(StorageWeakRef(tensor.untyped_storage()), HOST)
 
     def place(self, tensor: torch.Tensor, device: Optional[int]) -> torch.Tensor:
+        """Tag ``tensor``'s storage with ``device``; a storage new to a
+        device counts as allocated there (on the calling thread's current
+        stream) until it dies or moves."""
         if tensor.layout != torch.strided or tensor.device.type != "cpu":
             return tensor
-        key = StorageWeakRef(tensor.untyped_storage())
+        storage = tensor.untyped_storage()
+        key = StorageWeakRef(storage)
         with self._lock:
+            before = self._tags.get(key, HOST)
+            if before == device:
+                if device is not HOST and storage.nbytes() != self._sizes[key]:  # resized in place
+                    self.memory.allocated(device, storage.nbytes() - self._sizes[key])
+                    self._sizes[key] = storage.nbytes()
+                return tensor
+            if before is not HOST:
+                self.memory.freed(before, self._sizes.pop(key))
+                if self.streams is not None:
+                    self.streams.freed(key)
             if device is HOST:
                 self._tags.pop(key, None)
-            else:
-                self._tags[key] = device
-            self._writes += 1
-            if self._writes % 20000 == 0:
-                self._tags = {k: v for k, v in self._tags.items() if not k.expired()}
+                return tensor
+            if key not in self._tags:
+                weakref.finalize(storage, self._storage_freed, key).atexit = False
+            self._tags[key] = device
+            self._sizes[key] = storage.nbytes()
+            self.memory.allocated(device, storage.nbytes())
+            if self.streams is not None:
+                self.streams.allocated(key, device)
         return tensor
+
+    def _storage_freed(self, key: StorageWeakRef) -> None:
+        with self._lock:
+            device = self._tags.pop(key, HOST)
+            if device is HOST:
+                return
+            self.memory.freed(device, self._sizes.pop(key))
+            if self.streams is not None:
+                self.streams.freed(key)
 
     def record_sync(self, op: str, device: Optional[int]) -> None:
         worker = current_worker()
@@ -150,16 +185,68 @@ class VirtualDevices:
                 stack.enter_context(_DeviceDispatch(self))
             if not mine(_get_current_function_mode_stack(), _DeviceFunctions):
                 stack.enter_context(_DeviceFunctions(self))
+            if self.streams is not None and virtual_streams.active_checker() is not self.streams:
+                stack.enter_context(virtual_streams.entered(self.streams))
             yield self
 
     def capture(self):
         """:mod:`.parallel.thread_state` hook: a worker enters the harness
-        when its caller is inside it."""
-        return self.entered if getattr(_local, "harness", None) is self else None
+        when its caller is inside it (and, with streams, starts its job
+        knowing what the caller's streams did)."""
+        inside = getattr(_local, "harness", None) is self or (
+            self.streams is not None and virtual_streams.active_checker() is self.streams)
+        if not inside:
+            return None
+        return _JobEntry(self, self.streams.hand_off() if self.streams is not None else None)
+
+
+class _JobEntry:
+    """What a worker enters for one job of a caller inside the harness."""
+
+    def __init__(self, harness: VirtualDevices, hand_off):
+        self.harness, self.hand_off = harness, hand_off
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self.harness.entered():
+            if self.hand_off is None:
+                yield
+            else:
+                with self.harness.streams.job(self.hand_off):
+                    yield
+
+    def joined(self) -> None:
+        if self.hand_off is not None:
+            self.harness.streams.joined(self.hand_off)
 
 
 _local = threading.local()
 _DEVICE_DESCRIPTOR = torch.Tensor.device
+
+
+@contextmanager
+def _copying(harness: VirtualDevices, source: Optional[int], destination: Optional[int]) -> Iterator[None]:
+    """A copy between devices (or host memory), queued on the streams CUDA
+    queues it on; the dispatch mode leaves the copy's own ops alone."""
+    previous = getattr(_local, "moving", False)
+    _local.moving = True
+    try:
+        if harness.streams is None:
+            yield
+        else:
+            with harness.streams.copying(source, destination):
+                yield
+    finally:
+        _local.moving = previous
+
+
+def _copied(harness: VirtualDevices, op: str, source: torch.Tensor, source_device, destination: torch.Tensor,
+            destination_device) -> None:
+    """The stream checker's record of one copy's read and write (inside
+    :func:`_copying`)."""
+    if harness.streams is not None:
+        device = source_device if source_device is not HOST else destination_device
+        harness.streams.access(op, device, [source], [destination], harness.device_of)
 
 
 def _where(harness: VirtualDevices) -> str:
@@ -200,14 +287,22 @@ class _Move(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, harness, source, destination, dtype):
-        ctx.harness, ctx.source, ctx.dtype = harness, source, tensor.dtype
-        out = tensor.detach().to(dtype=dtype or tensor.dtype, copy=True)
-        return harness.place(out, destination)
+        ctx.harness, ctx.source, ctx.destination, ctx.dtype = harness, source, destination, tensor.dtype
+        return _move(harness, tensor.detach(), source, destination, dtype or tensor.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        out = grad.detach().to(dtype=ctx.dtype, copy=True)
-        return ctx.harness.place(out, ctx.source), None, None, None, None
+        harness = ctx.harness
+        out = _move(harness, grad.detach(), harness.device_of(grad), ctx.source, ctx.dtype)
+        return out, None, None, None, None
+
+
+def _move(harness: VirtualDevices, tensor: torch.Tensor, source, destination, dtype) -> torch.Tensor:
+    with _copying(harness, source, destination):
+        out = harness.place(tensor.to(dtype=dtype, copy=True), destination)
+        what = "host to device" if source is HOST else "device to host" if destination is HOST else "between devices"
+        _copied(harness, f"copy {what}", tensor, source, out, destination)
+    return out
 
 
 class _DeviceFunctions(TorchFunctionMode):
@@ -261,14 +356,19 @@ class _DeviceDispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if getattr(_local, "moving", False):
+            return func(*args, **kwargs)  # the copy of a move: its accesses are the move's (_copied)
         harness = self.harness
         op = func.overloadpacket.__name__
         if op in COPIES:
-            out = func(*args, **kwargs)
             destination, source = harness.device_of(args[0]), harness.device_of(args[1])
-            if (source is HOST) != (destination is HOST) and args[1].dim() > 0:
-                harness.record_sync(f"{op} between host and device", destination if source is HOST else source)
-            return out
+            if destination != source:
+                with _copying(harness, source, destination):
+                    out = func(*args, **kwargs)
+                    _copied(harness, f"aten.{op}", args[1], source, args[0], destination)
+                if (source is HOST) != (destination is HOST) and args[1].dim() > 0:
+                    harness.record_sync(f"{op} between host and device", destination if source is HOST else source)
+                return out
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if not tensors and "device" not in kwargs:
             device = _worker_device()
@@ -290,6 +390,11 @@ class _DeviceDispatch(TorchDispatchMode):
                 harness.place(tensor, device)
         for position in HOST_OUTPUTS.get(op, ()):
             harness.place(out[position], HOST)
+        if device is not HOST and harness.streams is not None:
+            reads, writes = reads_and_writes(func, args, kwargs, out)
+            harness.streams.access(f"aten.{op}", device, reads, writes, harness.device_of)
+            if op in SYNCHRONISING:
+                harness.streams.current_stream(device).synchronize()  # the host waits for the op
         return out
 
     def _check(self, op: str, tensors: List[torch.Tensor]) -> Optional[int]:
@@ -326,10 +431,12 @@ _active_context = None
 
 
 @contextmanager
-def virtual_devices() -> Iterator[VirtualDevices]:
+def virtual_devices(streams: bool = True) -> Iterator[VirtualDevices]:
     """Run the block (and the hybrid workers it starts jobs on) with virtual
-    devices; yields the harness, whose ``syncs`` the block may inspect."""
-    harness = VirtualDevices()
+    devices; yields the harness, whose ``syncs``, ``memory`` and ``streams``
+    the block may inspect.  ``streams=False``: no virtual streams (the
+    engine then runs as on plain CPU, without stream checks)."""
+    harness = VirtualDevices(streams)
     thread_state.register(harness.capture)
     previous = getattr(_local, "harness", None)
     _local.harness = harness
@@ -349,7 +456,29 @@ def enable_from_environment() -> Optional[VirtualDevices]:
         return _active
     _active_context = virtual_devices()  # kept: a collected context manager would leave the modes
     _active = _active_context.__enter__()
-    logging.getLogger(__name__).warning(
-        "%s=1: virtual-device test harness on (cpu:N devices behave as distinct GPUs; every op is checked, "
-        "so everything runs slowly)", ENVIRONMENT_VARIABLE)
+    logger = logging.getLogger(__name__)
+    logger.warning(
+        "%s=1: virtual-device test harness on (cpu:N devices behave as distinct GPUs, with virtual streams; "
+        "every op is checked, so everything runs slowly)", ENVIRONMENT_VARIABLE)
+    batch_device = os.environ.get(BATCH_DEVICE_VARIABLE, "")
+    if batch_device:
+        _put_batches_on(torch.device(batch_device))
+        logger.warning("%s=%s: every batch is put on %s before its step, as fairseq puts it on cuda:0",
+                       BATCH_DEVICE_VARIABLE, batch_device, batch_device)
     return _active
+
+
+def _put_batches_on(device: torch.device) -> None:
+    """fairseq's trainer moves each batch to ``cuda:0`` (``_prepare_sample``);
+    with ``--cpu`` it leaves it in host memory, which would hide the
+    engine's copies from the batch's device."""
+    from fairseq import utils
+    from fairseq.trainer import Trainer
+
+    prepare = Trainer._prepare_sample
+
+    def prepare_on_device(self, sample, is_dummy=False):
+        sample, dummy = prepare(self, sample, is_dummy)
+        return utils.apply_to_sample(lambda tensor: tensor.to(device), sample), dummy
+
+    Trainer._prepare_sample = prepare_on_device

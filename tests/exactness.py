@@ -2,6 +2,7 @@
 step's loss and gradients, and the comparison of a group with one device."""
 
 import torch
+from fairseq import utils
 
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.testing import StandInTask, build_model, make_sample
@@ -32,8 +33,16 @@ def single_and_group(dictionaries, group_options, **options):
     return single, group, make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
 
 
-def check_equal(devices, mode, dictionaries, group_options=None, **overrides):
-    """``overrides``: model options of both models; ``group_options``: of the group only."""
+def on_device(sample, device):
+    """``sample`` with every tensor on ``device``, as fairseq's trainer puts
+    a batch on ``cuda:0`` (``utils.move_to_cuda``)."""
+    return utils.apply_to_sample(lambda tensor: tensor.to(device), sample)
+
+
+def check_equal(devices, mode, dictionaries, group_options=None, batch_on_first_device=False, **overrides):
+    """``overrides``: model options of both models; ``group_options``: of the
+    group only; ``batch_on_first_device``: the group's batch on ``devices[0]``
+    (where fairseq puts it) instead of host memory."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True,
                                             output_loss_chunk_rows=5)
@@ -42,7 +51,8 @@ def check_equal(devices, mode, dictionaries, group_options=None, **overrides):
     assert group.hybrid_group is not None and group.hybrid_group.plan.size == len(devices)
 
     loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
-    loss, logging, grads = loss_and_grads(group, criterion, sample)
+    loss, logging, grads = loss_and_grads(group, criterion, on_device(sample, devices[0]) if batch_on_first_device
+                                          else sample)
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
     assert logging.keys() == logging_ref.keys()
     for key in logging:

@@ -122,22 +122,30 @@ def test_hybrid_group_through_fairseq_train_and_generate(binarized, tmp_path):
         assert "loading it on one device" in generated.stderr + generated.stdout
 
 
-def test_virtual_group_through_fairseq_train(binarized):
+@pytest.mark.parametrize("devices", ["cpu:0,cpu:1", "cpu:0,cpu:0"])
+def test_virtual_group_through_fairseq_train(binarized, devices):
     """The same 20 updates on 2 virtual devices (cpu:0, cpu:1 told apart as
-    two GPUs are, FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1): fairseq's trainer,
+    two GPUs are, FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1), and on two workers that
+    share one device (``cuda:0,cuda:0``), under virtual streams, each batch
+    on the first device as fairseq puts it on cuda:0: fairseq's trainer,
     Adam and --clip-norm 1.0 over parameters on two devices give the
-    single-device parameters."""
+    single-device parameters, and no stream race is raised."""
     import torch
 
     # (its own single-device run: rerunning a finished one would train one update more)
-    single = torch.load(train_updates(binarized, "single_for_virtual"))
-    environment = dict(os.environ, FAIRSEQ_HYBRID_VIRTUAL_DEVICES="1")
+    suffix = devices.replace(":", "").replace(",", "_")
+    single = torch.load(train_updates(binarized, f"single_for_virtual_{suffix}"))
+    environment = dict(os.environ, FAIRSEQ_HYBRID_VIRTUAL_DEVICES="1", FAIRSEQ_HYBRID_VIRTUAL_BATCH_DEVICE="cpu:0")
+    last = devices.split(",")[-1]
     for mode in ("hybrid", "model", "data"):
         log = []
-        checkpoint = train_updates(binarized, f"virtual_{mode}", "--hybrid-devices", "cpu:0,cpu:1", "--hybrid-mode",
+        name = f"virtual_{mode}_{suffix}"
+        checkpoint = train_updates(binarized, name, "--hybrid-devices", devices, "--hybrid-mode",
                                    mode, env=environment, log=log)
-        assert "virtual-device test harness on" in log[0], log[0][-3000:]
-        assert re.search(r"attention-softmax +master cpu:\d; shards [^\n]*cpu:1", log[0]), log[0][-3000:]
+        assert "virtual-device test harness on" in log[0] and "with virtual streams" in log[0], log[0][-3000:]
+        assert "every batch is put on cpu:0" in log[0], log[0][-3000:]
+        assert "stream race" not in log[0], log[0][-3000:]
+        assert re.search(rf"attention-softmax +master cpu:\d; shards [^\n]*{last}", log[0]), log[0][-3000:]
         group = torch.load(checkpoint)
         for name, value in single["model"].items():
             torch.testing.assert_close(group["model"][name], value, rtol=1e-5, atol=1e-6, msg=f"{mode}: {name}")

@@ -61,11 +61,24 @@ def test_virtual_group_equals_one_device(count, mode, dictionaries):
     """Also defect 1's regression test: with the reverse direction of the
     bidirectional layer on the partner device but its weights left with the
     layer, every K >= 2 here raised "Expected all tensors to be on the same
-    device" in the first forward pass."""
+    device" in the first forward pass.  Under virtual streams, with the batch
+    on the first device as fairseq puts it: a stream race raises."""
     with virtual_devices() as harness:
-        check_equal(virtual(count), mode, dictionaries)
+        check_equal(virtual(count), mode, dictionaries, batch_on_first_device=True)
     if mode != "data":  # data mode runs the whole single-device model per shard
         assert harness.syncs == [], harness.syncs
+    assert harness.streams.races == [] and harness.streams.ops > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("devices", [["cpu:0", "cpu:0"], ["cpu:0", "cpu:1", "cpu:0", "cpu:1"]])
+def test_virtual_workers_sharing_a_device(devices, mode, dictionaries):
+    """Two workers on one device (``cuda:0,cuda:0`` on one GPU): each runs on
+    a stream of its own, so what one hands the other on the same device is
+    ordered by events alone."""
+    with virtual_devices() as harness:
+        check_equal(devices, mode, dictionaries, batch_on_first_device=True, hybrid_chunk_length=3)
+    assert harness.streams.races == [] and harness.streams.ops > 0
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -79,7 +92,7 @@ def test_virtual_tied_embeddings_residual_and_mlp_attention(mode, dictionaries):
 def test_virtual_time_chunks_and_several_bidirectional_layers(mode, dictionaries):
     with virtual_devices() as harness:
         check_equal(virtual(3), mode, dictionaries, encoder_bidirectional_layers=3, residual=True,
-                    hybrid_chunk_length=2)
+                    hybrid_chunk_length=2, batch_on_first_device=True)
     assert harness.syncs == [], harness.syncs
 
 

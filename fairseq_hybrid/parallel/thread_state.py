@@ -8,7 +8,9 @@ therefore captures its state when it hands out jobs, and every job runs
 inside it.
 
 Other modules may add state of their own with :func:`register` (the
-virtual-device harness does: its dispatch modes are per thread too).
+virtual-device harness does: its dispatch modes are per thread too, and its
+stream checker carries the caller's clocks into the jobs and the jobs'
+clocks back through :meth:`ThreadState.joined`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ class ThreadState(NamedTuple):
             for enter in self.extras:
                 stack.enter_context(enter())
             yield
+
+    def joined(self) -> None:
+        """The caller has every job's result: extras that carry state back
+        from the jobs (an extra with a ``joined`` method) take it now."""
+        for enter in self.extras:
+            joined = getattr(enter, "joined", None)
+            if joined is not None:
+                joined()
 
 
 @contextmanager

@@ -15,39 +15,41 @@ tensor and before the work that reads it:
 * ``record_stream`` tells the caching allocator that the copy stream uses
   the source tensor, so its memory is not reused before the copy is done.
 
-On CPU devices a move is ``tensor.to(device)``: nothing when the device is
-the same (every plain ``cpu``), a copy between virtual devices.
+On plain CPU devices a move is ``tensor.to(device)``: nothing when the
+device is the same (every plain ``cpu``).  Virtual devices have virtual
+streams (:mod:`.streams`), so the same lines run there as on CUDA and are
+checked.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from . import streams
+
 _local = threading.local()
 
 
-def _copy_stream(source: torch.device) -> "torch.cuda.Stream":
+def _copy_stream(source: torch.device):
     """The calling thread's copy stream on ``source`` (one per thread and
-    source device, made once)."""
-    streams: Dict[int, torch.cuda.Stream] = getattr(_local, "copy_streams", None) or {}
-    _local.copy_streams = streams
-    if source.index not in streams:
-        streams[source.index] = torch.cuda.Stream(source)
-    return streams[source.index]
+    source device, made once per stream scope: CUDA or one virtual checker)."""
+    streams_made: Dict[Tuple[object, int], object] = getattr(_local, "copy_streams", None) or {}
+    _local.copy_streams = streams_made
+    key = (streams.scope(source), source.index)
+    if key not in streams_made:
+        streams_made[key] = streams.new_stream(source, f"copy stream of {threading.current_thread().name} "
+                                                       f"on {source}")
+    return streams_made[key]
 
 
 def record_event(device: torch.device):
     """An event after the work queued so far on ``device``'s current stream
     (None on CPU, where work is done when the call returns)."""
-    if device.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    return event
+    return streams.record_event(device)
 
 
 def arrive(value: Tensor, device: torch.device, event=None) -> Tensor:
@@ -56,11 +58,11 @@ def arrive(value: Tensor, device: torch.device, event=None) -> Tensor:
     ordered before the caller's, such as the main thread's before a job)."""
     if value.device == device:
         if event is not None:  # made on another worker's stream of this device
-            stream = torch.cuda.current_stream(device)
+            stream = streams.current_stream(device)
             stream.wait_event(event)
-            value.record_stream(stream)
+            streams.record_stream(value, stream)
         return value
-    if device.type != "cuda" or value.device.type != "cuda":
+    if not (streams.has_streams(device) and streams.has_streams(value.device)):
         if event is not None:
             event.synchronize()  # a GPU tensor read on the host
         return value.to(device)
@@ -69,10 +71,10 @@ def arrive(value: Tensor, device: torch.device, event=None) -> Tensor:
     if event is not None:
         stream.wait_event(event)
     else:
-        stream.wait_stream(torch.cuda.default_stream(source))
-    with torch.cuda.stream(stream):
+        stream.wait_stream(streams.default_stream(source))
+    with streams.use_stream(stream):
         moved = value.to(device, non_blocking=True)  # on `stream`; the destination's current stream waits for it
-    value.record_stream(stream)
+    streams.record_stream(value, stream)
     return moved
 
 

@@ -28,12 +28,11 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import nullcontext
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import thread_state
+from . import streams, thread_state
 
 Job = Callable[[], object]
 
@@ -69,7 +68,7 @@ class Worker:
         self.jobs: "queue.Queue" = queue.Queue()
         self.activity = "idle"  # what the worker is doing, for timeout messages
         self.cell: Optional[str] = None  # the cell it runs, when it runs one
-        self.stream = None
+        self.streams: Dict[object, object] = {}  # by stream scope (see .streams)
         self.thread = threading.Thread(target=self._loop, name=f"hybrid worker {index} ({device})", daemon=True)
         self.thread.start()
 
@@ -79,7 +78,30 @@ class Worker:
             torch.set_num_threads(1)  # per thread with OpenMP: this worker uses one core
         else:
             torch.cuda.set_device(self.device)
-            self.stream = torch.cuda.Stream(self.device)
+            self.streams["cuda"] = streams.new_stream(self.device)
+
+    def _stream(self):
+        """This worker's stream (None on plain CPU): made at start-up on
+        CUDA, once per checker on virtual devices."""
+        scope = streams.scope(self.device)
+        if scope is None:
+            return None
+        if scope not in self.streams:
+            self.streams[scope] = streams.new_stream(self.device, f"worker {self.index} stream")
+        return self.streams[scope]
+
+    def _run_job(self, job: Job) -> object:
+        """``job`` on this worker's stream, ordered after the work the
+        caller queued on the device's default stream, and the default
+        stream ordered after it (so the caller may use the results)."""
+        stream = self._stream()
+        with streams.use_stream(stream):
+            if stream is not None:
+                stream.wait_stream(streams.default_stream(self.device))  # the caller's work comes first
+            value = job()
+            if stream is not None:
+                streams.default_stream(self.device).wait_stream(stream)
+        return value
 
     def _loop(self) -> None:
         try:
@@ -95,13 +117,8 @@ class Worker:
                 continue
             try:
                 self.activity = "running a job"
-                with state.entered(), (torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()):
-                    if self.stream is not None:
-                        # Work the caller queued on the device comes first.
-                        self.stream.wait_stream(torch.cuda.default_stream(self.device))
-                    value = job()
-                    if self.stream is not None:
-                        torch.cuda.default_stream(self.device).wait_stream(self.stream)
+                with state.entered():
+                    value = self._run_job(job)
                 results.put((self.index, True, value))
             except BaseException as error:  # handed to the caller, never lost
                 results.put((self.index, False, error))
@@ -157,6 +174,7 @@ class WorkerGroup:
                     if not failures:
                         on_error()
                     failures.append((index, value))
+            state.joined()
             if failures:
                 index, error = min(failures, key=lambda failure: isinstance(failure[1], Aborted))
                 raise WorkerError(f"hybrid worker {index} ({self.devices[index]}) failed: {error}") from error

@@ -1,0 +1,56 @@
+"""Memory per virtual device (fairseq_hybrid.virtual_memory): what each
+device holds and its peak, as torch.cuda.memory_allocated and
+max_memory_allocated count them per GPU; and scripts/bench_memory.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from conftest import REPO
+from fairseq_hybrid.virtual_devices import virtual_devices
+
+
+def test_live_bytes_and_peaks_per_device():
+    with virtual_devices() as harness:
+        memory = harness.memory
+        a = torch.ones(1000).to("cpu:0")
+        assert (memory.live(0), memory.live(1)) == (4000, 0)
+        b = a.to("cpu:1")
+        view = b[10:]  # a view holds no memory of its own
+        assert (memory.live(0), memory.live(1)) == (4000, 4000)
+        c = a * 2
+        assert memory.live(0) == memory.peak(0) == 8000
+        del a, c
+        assert memory.live(0) == 0 and memory.peak(0) == 8000
+        memory.reset_peaks()
+        assert memory.peak(0) == 0 and memory.peak(1) == 4000
+        del b
+        assert memory.live(1) == 4000  # the view keeps the storage alive
+        del view
+        assert memory.live(1) == 0
+        host = torch.ones(1000)  # host memory is not a device's
+        assert memory.live(0) == memory.live(1) == 0 and host.numel() == 1000
+
+
+def test_a_hybrid_group_spreads_a_steps_memory(tmp_path):
+    """Through the benchmark script on the tiny model: every device of a
+    group of 2 peaks below the one device, and the report says so."""
+    out = tmp_path / "memory"
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_memory.py"), "--arch", "hybrid_lstm_tiny",
+                    "--vocabulary", "400", "--sentences", "32", "--source-length", "9", "--target-length", "8",
+                    "--measure-sentences", "4,8", "--groups", "1,2", "--modes", "hybrid,model",
+                    "--out", str(out)], check=True, capture_output=True, text=True, cwd=REPO)
+    report = json.loads((out / "memory.json").read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    one = max(rows["one device"]["peak_at"])
+    for name in ("hybrid, 2 devices", "model, 2 devices"):
+        assert len(rows[name]["peak_at"]) == 2
+        assert max(rows[name]["peak_at"]) < one, (name, rows[name]["peak_at"], one)
+        assert all(line["per_sentence"] > 0 for line in rows[name]["lines"])
+    held = rows["hybrid, 2 devices"]["held"]
+    assert sum(h["parameters"] for h in held) == rows["one device"]["held"][0]["parameters"]
+    assert held[1]["replica_parameters"] > 0  # the attention-softmax replica on the second device
+    assert "| hybrid, 2 devices |" in (out / "memory.md").read_text()
