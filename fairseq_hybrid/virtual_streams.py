@@ -100,7 +100,7 @@ class _History:
         self.device = device
         self.allocated_on = allocated_on
         self.write: Optional[Access] = None
-        self.reads: List[Access] = []
+        self.reads: Dict[int, Access] = {}  # by lane: the latest read of each (a lane's ops run in order)
         self.recorded: Set[int] = set()
 
 
@@ -162,6 +162,7 @@ class _Thread:
         self.merged_host: Dict[int, int] = {}  # stream id -> host_version merged into known[stream]
         self.current: Dict[int, VirtualStream] = {}
         self.copy_stream: Optional[VirtualStream] = None  # set while a cross-device copy runs
+        self.op = ""  # the op being checked, for messages
 
 
 class _HandOff:
@@ -217,6 +218,7 @@ class StreamChecker:
         self._pending: Dict[int, List[Access]] = {}  # stream id -> accesses to freed memory it allocated
         self.races: List[str] = []
         self.ops = 0
+        self.ops_per_stream: Dict[str, int] = {}  # by the stream's name and device
 
     def _new_id(self) -> int:
         with self._lock:
@@ -302,7 +304,7 @@ class StreamChecker:
             if clock.get(access.lane, 0) < access.step:
                 self._race(f"memory freed and handed out again on {stream}: {access.describe('used')}, without "
                            f"record_stream and not ordered before the next op on {stream}, "
-                           f"{self._op_name} in {_cell()} at {call_site()}")
+                           f"{self._thread().op} in {_cell()} at {call_site()}")
         return clock, lane, step
 
     # -- job hand-offs (thread_state) ----------------------------------------------
@@ -346,9 +348,6 @@ class StreamChecker:
         was allocated on that device's current stream."""
         self._histories[key] = _History(device, self.current_stream(device))
 
-    def moved(self, key: StorageWeakRef, device: int) -> None:
-        self.allocated(key, device)
-
     def freed(self, key: StorageWeakRef) -> None:
         """The caching allocator's rule: the memory goes to the next
         allocation on the stream that allocated it."""
@@ -356,7 +355,7 @@ class StreamChecker:
         if history is None:
             return
         home = history.allocated_on
-        accesses = ([history.write] if history.write is not None else []) + history.reads
+        accesses = ([history.write] if history.write is not None else []) + list(history.reads.values())
         foreign = [a for a in accesses if a.stream is not home and a.stream.id not in history.recorded]
         if foreign:
             with self._lock:
@@ -364,38 +363,39 @@ class StreamChecker:
 
     # -- ops -------------------------------------------------------------------------
 
-    _op_name = ""
-
     def access(self, op: str, device: int, reads: List[torch.Tensor], writes: List[torch.Tensor],
                device_of) -> None:
         """``op`` ran on ``device``: check its reads and writes of virtual-device
         storages against their histories, then record them."""
         thread = self._thread()
         stream = thread.copy_stream or self.current_stream(device)
-        self._op_name = op
+        thread.op = op
         clock, lane, step = self._step(stream)
-        self.ops += 1
+        with self._lock:
+            self.ops += 1
+            self.ops_per_stream[repr(stream)] = self.ops_per_stream.get(repr(stream), 0) + 1
         written = {StorageWeakRef(t.untyped_storage()): t for t in writes if device_of(t) is not None}
         read = {StorageWeakRef(t.untyped_storage()): t for t in reads if device_of(t) is not None}
         if not written and not read:
             return
         site, cell = call_site(), _cell()
         me = Access(lane, step, stream, op, cell, site)
-        for key, tensor in read.items():
-            if key in written:
-                continue
-            history = self._history(key, device_of(tensor), stream)
-            if history.write is not None and clock.get(history.write.lane, 0) < history.write.step:
-                self._conflict("read", me, history.write, "wrote")
-            history.reads.append(me)
-        for key, tensor in written.items():
-            history = self._history(key, device_of(tensor), stream)
-            if history.write is not None and clock.get(history.write.lane, 0) < history.write.step:
-                self._conflict("write", me, history.write, "wrote")
-            for earlier in history.reads:
-                if clock.get(earlier.lane, 0) < earlier.step:
-                    self._conflict("write", me, earlier, "read")
-            history.write, history.reads = me, []
+        with self._lock:  # two workers may read one storage (a parameter, the batch) at once
+            for key, tensor in read.items():
+                if key in written:
+                    continue
+                history = self._history(key, device_of(tensor), stream)
+                if history.write is not None and clock.get(history.write.lane, 0) < history.write.step:
+                    self._conflict("read", me, history.write, "wrote")
+                history.reads[lane] = me
+            for key, tensor in written.items():
+                history = self._history(key, device_of(tensor), stream)
+                if history.write is not None and clock.get(history.write.lane, 0) < history.write.step:
+                    self._conflict("write", me, history.write, "wrote")
+                for earlier in history.reads.values():
+                    if clock.get(earlier.lane, 0) < earlier.step:
+                        self._conflict("write", me, earlier, "read")
+                history.write, history.reads = me, {}
 
     def _history(self, key: StorageWeakRef, device: int, stream: VirtualStream) -> _History:
         history = self._histories.get(key)

@@ -4,21 +4,23 @@ hybrid groups, counted on virtual devices.
 
 Each (devices, mode) runs ``--arch`` (default ``hybrid_lstm_paper``, 32k
 vocabulary) on virtual devices ``cpu:0..cpu:K-1`` (one device: the engine
-on a group of one, as ``--hybrid-devices cuda:0`` runs it): two training steps
-(forward, backward, Adam) on a batch of N sentences of ``--source-length``
-+ ``--target-length`` tokens put on the first device as fairseq puts it on
-``cuda:0``; the second step's peak of each device is counted (the bytes of
-the live storages it holds, as ``torch.cuda.max_memory_allocated`` counts
-them; nothing of the CUDA context nor the allocator's rounding and cache).
-The step runs at two batch sizes (``--measure-sentences``, small enough for
-a CPU), and each device's peak is split into fixed bytes and bytes per
-sentence, from which the table gives the peak at ``--sentences`` and the
+on a group of one, as ``--hybrid-devices cuda:0`` runs it): a warm-up
+training step (forward, backward, Adam: it makes the replicas and Adam's
+state), then one step at each of two batch sizes (``--measure-sentences``,
+default 64 and 128) of sentences of ``--source-length`` +
+``--target-length`` tokens put on the first device as fairseq puts it on
+``cuda:0``.  Each device's peak is counted (the bytes of the live storages
+it holds, as ``torch.cuda.max_memory_allocated`` counts them; nothing of
+the CUDA context nor the allocator's rounding and cache), for the forward
+and backward and for the optimizer step apart.  The table gives the peak
+at ``--sentences`` (measured when it is the larger size) and, from the two
+sizes, each device's fixed bytes and bytes per sentence, and so the
 largest ``--max-tokens`` that fits a 16 GiB and an 80 GiB device.  It also
 lists what the replicated parameters (attention-softmax replicas, the
 reverse direction's replica, ``data`` mode's whole-model replicas), their
 gradients and Adam's state cost per device, and what a vocabulary-parallel
 output layer (the output projection's rows split across the group) would
-save.
+save.  About 25 minutes on a 2-core CPU for the default table.
 
     .venv/bin/python scripts/bench_memory.py --out docs/bench
 
@@ -70,11 +72,15 @@ def bytes_on(tensors, harness, device: int) -> int:
     return total
 
 
-def measure(args, count: int, mode: Optional[str], sentences: int) -> Dict:
-    """Peak bytes per device of the second of two steps, and what the
-    parameters, gradients, optimizer state and replicas hold after it."""
+def measure(args, count: int, mode: Optional[str], sizes: List[int]) -> Dict[int, Dict]:
+    """For each batch size: peak bytes per device of a step's forward and
+    backward (which grows with the batch) and of its optimizer step (which
+    does not), after a warm-up step that makes the replicas and Adam's
+    state; and what the parameters, gradients, optimizer state and replicas
+    hold after the last step."""
     dictionary = make_dictionary(args.vocabulary - 4)  # + 4 special symbols
     devices = [torch.device("cpu", index) for index in range(count)]
+    results = {}
     with virtual_devices(streams=False) as harness:
         torch.manual_seed(0)
         # one device: the engine on a group of one (--hybrid-devices cuda:0)
@@ -82,16 +88,18 @@ def measure(args, count: int, mode: Optional[str], sentences: int) -> Dict:
                             hybrid_mode=mode or "hybrid").train()
         criterion = HybridCrossEntropyCriterion(StandInTask(dictionary, dictionary), False, 0.1)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=False)
-        for step in range(2):
+        for sentences in [min(4, *sizes), *sizes]:
+            print(f"[memory]   a step of {sentences} sentences", flush=True)
             sample = sample_on(devices[0], sentences, args.source_length, args.target_length)
-            if step == 1:
-                harness.memory.reset_peaks()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)  # as fairseq's train_step starts
+            harness.memory.reset_peaks()
             loss, sample_size, _ = criterion(model, sample)
             (loss / sample_size).backward()
-            optimizer.step()
             del sample, loss
-        peaks = [harness.memory.peak(index) for index in range(count)]
+            peaks = [harness.memory.peak(index) for index in range(count)]
+            harness.memory.reset_peaks()
+            optimizer.step()
+            results[sentences] = {"peaks": peaks, "step_peaks": [harness.memory.peak(i) for i in range(count)]}
         masters = list(model.parameters())
         master_storages = {p.untyped_storage().data_ptr() for p in masters}
         replicas = []
@@ -111,23 +119,33 @@ def measure(args, count: int, mode: Optional[str], sentences: int) -> Dict:
             })
         output = model.decoder.attention_softmax.output_weight
         output_bytes = output.numel() * output.element_size()
-    return {"peaks": peaks, "held": held, "output_projection_bytes": output_bytes}
+    for result in results.values():
+        result.update(held=held, output_projection_bytes=output_bytes)
+    return results
 
 
 def fit_line(small: Dict, large: Dict, sentences_small: int, sentences_large: int) -> List[Dict]:
-    """Per device: fixed bytes and bytes per sentence from two batch sizes."""
+    """Per device: the forward and backward's fixed bytes and bytes per
+    sentence from two batch sizes, and the optimizer step's peak."""
     lines = []
-    for peak_small, peak_large in zip(small["peaks"], large["peaks"]):
+    for peak_small, peak_large, step in zip(small["peaks"], large["peaks"], large["step_peaks"]):
         per_sentence = (peak_large - peak_small) / (sentences_large - sentences_small)
-        lines.append({"fixed": peak_small - per_sentence * sentences_small, "per_sentence": per_sentence})
+        lines.append({"fixed": peak_small - per_sentence * sentences_small, "per_sentence": per_sentence,
+                      "step": step})
     return lines
+
+
+def peak_at(line: Dict, sentences: int) -> float:
+    return max(line["fixed"] + line["per_sentence"] * sentences, line["step"])
 
 
 def largest_max_tokens(lines: List[Dict], capacity: int, tokens_per_sentence: int) -> int:
     """The largest --max-tokens whose batch fits every device of the group
-    (the device that fills first decides)."""
+    (the device that fills first decides; 0 when the step alone does not fit)."""
+    if any(line["step"] > capacity or line["fixed"] > capacity for line in lines):
+        return 0
     sentences = min((capacity - line["fixed"]) / line["per_sentence"] for line in lines if line["per_sentence"] > 0)
-    return max(0, int(sentences)) * tokens_per_sentence
+    return int(sentences) * tokens_per_sentence
 
 
 def vocabulary_parallel_saving(row: Dict, count: int) -> float:
@@ -149,10 +167,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="hybrid_lstm_paper")
     parser.add_argument("--vocabulary", type=int, default=32000)
-    parser.add_argument("--sentences", type=int, default=128, help="batch the table reports (extrapolated)")
+    parser.add_argument("--sentences", type=int, default=128,
+                        help="batch the table reports (measured when it is the larger --measure-sentences)")
     parser.add_argument("--source-length", type=int, default=50)
     parser.add_argument("--target-length", type=int, default=50)
-    parser.add_argument("--measure-sentences", default="4,8", help="two batch sizes actually run")
+    parser.add_argument("--measure-sentences", default="64,128", help="two batch sizes actually run")
     parser.add_argument("--groups", default="1,2,4", help="device counts (1: the model alone on one device)")
     parser.add_argument("--modes", default="hybrid,model,data")
     parser.add_argument("--out", default="docs/bench")
@@ -165,13 +184,14 @@ def main(argv=None) -> int:
     rows = []
     for count, mode in configs:
         name = "one device" if mode is None else f"{mode}, {count} devices"
-        print(f"[memory] {name}: steps of {small} and {large} sentences", flush=True)
-        at_small = measure(args, count, mode, small)
-        at_large = measure(args, count, mode, large)
+        print(f"[memory] {name}", flush=True)
+        measured = measure(args, count, mode, [small, large])
+        at_small, at_large = measured[small], measured[large]
         lines = fit_line(at_small, at_large, small, large)
         row = {"name": name, "devices": count, "mode": mode or "one device", "lines": lines,
                "measured": {str(small): at_small["peaks"], str(large): at_large["peaks"]},
-               "peak_at": [line["fixed"] + line["per_sentence"] * args.sentences for line in lines],
+               "peak_at": ([max(peak, step) for peak, step in zip(at_large["peaks"], at_large["step_peaks"])]
+                           if large == args.sentences else [peak_at(line, args.sentences) for line in lines]),
                "held": at_large["held"], "output_projection_bytes": at_large["output_projection_bytes"],
                "max_tokens": {cap: largest_max_tokens(lines, size, tokens_per_sentence)
                               for cap, size in CAPACITIES.items()}}
@@ -209,12 +229,14 @@ def markdown(report: Dict) -> str:
         f"Peak memory per device of one training step (forward, backward, Adam) of `{report['arch']}` "
         f"({report['vocabulary']:,}-word vocabulary), batch of {report['sentences']} sentences of "
         f"{report['source_length']} + {report['target_length']} tokens, fp32; counted on virtual devices "
-        f"(bytes of live tensor storages per device, as `torch.cuda.max_memory_allocated`) at {small} and "
-        f"{large} sentences and extrapolated linearly per sentence ({report['date']}, "
+        f"(bytes of live tensor storages per device, as `torch.cuda.max_memory_allocated`), measured at "
+        f"{small} and {large} sentences{'' if large == report['sentences'] else ' and extrapolated'}; a "
+        f"device's peak is the larger of its forward and backward's and its optimizer step's; fixed bytes "
+        f"and bytes per sentence are the line through the two sizes ({report['date']}, "
         f"`scripts/bench_memory.py`).",
         "",
         "| group | busiest device, MiB | vs one device | goal 1/K + 10% | each device, MiB | "
-        "fixed + per sentence (busiest), MiB | largest --max-tokens, 16 GiB | 80 GiB |",
+        "busiest: fixed + per sentence; optimizer step, MiB | largest --max-tokens, 16 GiB | 80 GiB |",
         "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |",
     ]
     for row in rows:
@@ -223,7 +245,7 @@ def markdown(report: Dict) -> str:
         lines.append(
             f"| {row['name']} | {mib(row['peak_at'][busiest])} | {row['busiest_vs_one_device']:.2f} | "
             f"{row['goal']:.2f} | {' / '.join(mib(v) for v in row['peak_at'])} | "
-            f"{mib(line['fixed'])} + {line['per_sentence'] / MiB:,.1f} | "
+            f"{mib(line['fixed'])} + {line['per_sentence'] / MiB:,.1f}; {mib(line['step'])} | "
             f"{row['max_tokens']['16 GiB']:,} | {row['max_tokens']['80 GiB']:,} |")
     lines += [
         "",

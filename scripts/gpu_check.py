@@ -16,6 +16,10 @@ Markdown table (``--out``, default ``work/gpu_check``) say what passed.
   speed       target tokens/s of fairseq's lstm against hybrid_lstm at the
               same size on one device, and of one device against groups of
               K = 2 and 4 (virtual) devices in each mode
+  streams     PyTorch's CUDA Sanitizer on the caller and on every worker
+              thread, sharing one record (fairseq_hybrid.cuda_sanitizer_workers),
+              over one exactness step per mode on groups of 2 and 4, the
+              batch on the first device: the stream races it reports
 
   python scripts/gpu_check.py                       # everything, about 5 minutes on one GPU
   python scripts/gpu_check.py --phases speed --steps 3
@@ -36,8 +40,8 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, REPO)
 BIN = os.path.dirname(sys.executable)
 FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
-PHASES = ("exactness", "precision", "speed")
-LIMITS = {"exactness": 180, "precision": 240, "speed": 150}  # seconds per phase
+PHASES = ("exactness", "precision", "speed", "streams")
+LIMITS = {"exactness": 180, "precision": 240, "speed": 150, "streams": 120}  # seconds per phase
 
 
 def devices_for(device, count, k):
@@ -177,6 +181,37 @@ def phase_speed(args, result):
                                              f"{args.steps} timed steps after one warm-up")
 
 
+def phase_streams(args, result):
+    import torch
+
+    if args.device != "cuda":
+        result.update(ok=True, skipped="needs CUDA (the virtual streams check the same lines on CPU in the tests)")
+        return
+    from fairseq_hybrid.cuda_sanitizer_workers import SharedSanitizer
+    from fairseq_hybrid.exactness import check_equal
+    from fairseq_hybrid.testing import make_dictionary
+
+    count = torch.cuda.device_count()
+    dictionaries = (make_dictionary(), make_dictionary(37))
+    sanitizer, runs = SharedSanitizer(), []
+    with sanitizer.enabled():
+        for k in (int(x) for x in args.groups.split(",")):
+            devices = devices_for("cuda", count, k)
+            for mode in ("hybrid", "model", "data"):
+                before = len(sanitizer.errors)
+                entry = {"devices": ",".join(devices), "mode": mode}
+                try:
+                    check_equal(devices, mode, dictionaries, batch_on_first_device=True, hybrid_chunk_length=3)
+                    entry["ok"] = True
+                except Exception as error:  # a race (CUDASanitizerErrors) or a wrong result
+                    entry.update(ok=False, error=str(error)[-1500:])
+                entry["races"] = sanitizer.errors[before:][:5]
+                runs.append(entry)
+                print(entry, flush=True)
+    result.update(ok=all(run["ok"] and not run["races"] for run in runs), runs=runs,
+                  races=len(sanitizer.errors))
+
+
 # -- driver ------------------------------------------------------------------------
 
 
@@ -222,6 +257,9 @@ def markdown(report):
                     states.append(f"group vs one device: {sides['largest relative parameter difference']:.1e}")
                 parts.append(f"{precision}: " + ", ".join(states))
             what = "; ".join(parts)
+        elif name == "streams":
+            what = result.get("skipped") or (f"{result.get('races', '?')} race(s) reported over "
+                                             f"{len(result.get('runs', []))} runs")
         lines.append(f"| {name} | {'yes' if result.get('ok') else 'NO'} | {result.get('seconds')} | {what} |")
     speed = report["phases"].get("speed", {})
     if speed.get("rows"):

@@ -44,6 +44,7 @@ MUTATIONS = [
     Mutation("job start wait", worker.Worker, "_run_job",
              "stream.wait_stream(streams.default_stream(self.device))  # the caller's work comes first"),
     Mutation("job end wait", worker.Worker, "_run_job", "streams.default_stream(self.device).wait_stream(stream)"),
+    Mutation("worker stream with", worker.Worker, "_run_job", "with streams.use_stream(stream):", "if True:"),
 ]
 
 

@@ -41,7 +41,7 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     fairseq-train on one device and on a group, then the comparison; the
     JSON and the table are written."""
     out = tmp_path / "out"
-    run(sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--device", "cpu", "--phases", "precision",
+    run(sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--device", "cpu", "--phases", "precision,streams",
         "--updates", "2", "--out", out, "--work", tmp_path / "work", timeout=600)
     report = json.load(open(out / "gpu_check.json"))
     runs = report["phases"]["precision"]["runs"]
@@ -49,6 +49,7 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     assert runs["fp32"]["largest relative parameter difference"] < 1e-4
     assert "skipped" in runs["fp16"]
     assert "| precision | yes |" in open(out / "gpu_check.md").read()
+    assert report["phases"]["streams"]["skipped"].startswith("needs CUDA")
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import build_model, make_dictionary
-from exactness import check_equal
+from fairseq_hybrid.exactness import check_equal
 from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan
 from fairseq_hybrid.parallel.placement_search import batch, best_placement, placements, twin_model
 from fairseq_hybrid.parallel.schedule_simulator import CostModel, step_time

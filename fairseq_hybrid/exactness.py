@@ -1,5 +1,7 @@
-"""What the exactness tests share: the layers and batch they use, one
-step's loss and gradients, and the comparison of a group with one device."""
+"""What the exactness tests and the GPU check share: the layers and batch
+they use, one step's loss and gradients, and the comparison of a group with
+one device (the group computes the single-device model's loss and
+gradients, up to rounding)."""
 
 import torch
 from fairseq import utils
