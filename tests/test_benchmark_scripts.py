@@ -66,3 +66,18 @@ def test_bench_translate_smoke(trained, tmp_path):
     assert [row["system"] for row in report["rows"]] == ["fairseq-interactive, buffer 64", "translate.sh, buffer 64"]
     assert report["lines"] == 3 and all(row["lines_per_second"] > 0 for row in report["rows"])
     assert "| translate.sh, buffer 64 |" in open(out / "translate.md").read()
+
+
+def test_bench_host_cost_smoke(tmp_path):
+    """Host time per cell where arithmetic is negligible: a row per K with
+    each kind's cell time, the cost of one op, and ops per cell."""
+    out = tmp_path / "host.json"
+    run(sys.executable, os.path.join(SCRIPTS, "bench_host_cost.py"), "--groups", "1,2", "--chunk-lengths", "0",
+        "--steps", "1", "--json", out, timeout=300)
+    report = json.load(open(out))
+    assert [row["k"] for row in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        assert row["cell_us"]["lstm/forward"] > 0 and row["cell_us"]["attention_softmax/backward"] > 0
+        assert row["outside_cells_us_per_cell"] >= 0
+    assert report["op_us"] > 0
+    assert report["ops_per_cell_k1_whole"]["lstm"] > report["ops_per_cell_k1_whole"]["embedding"] > 0

@@ -209,8 +209,10 @@ def _no_loss(*args):
 
 
 def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk_length: int = 0,
-              physical_devices: Optional[Sequence[int]] = None) -> StepTime:
-    """Predicted time of one step of ``model`` under ``plan``."""
+              physical_devices: Optional[Sequence[int]] = None, transform=None) -> StepTime:
+    """Predicted time of one step of ``model`` under ``plan``.  ``transform``:
+    a function of the step's cells returning the cells to replay instead
+    (``hybrid`` and ``model`` mode; for what-if analyses of dependencies)."""
     params = {name: p.numel() for name, p in model.named_parameters()}
     if plan.mode == "data":
         built = build_data_parallel_step(model, plan, net_input, target, _no_loss)
@@ -229,7 +231,8 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
         copied = sum(params.values())
     else:
         built = build_hybrid_step(model, plan, net_input, target, _no_loss, chunk_length)
-        forward, backward = replay(built.step.cells, plan.size, cost, physical_devices)
+        cells = transform(built.step.cells) if transform is not None else built.step.cells
+        forward, backward = replay(cells, plan.size, cost, physical_devices)
         copied = sum(v for k, v in params.items() if k.startswith("decoder.attention_softmax."))
     physical = set(physical_devices) if physical_devices is not None else set(range(plan.size))
     workers = set(built.replica_workers)

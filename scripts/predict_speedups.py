@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Predicted speed-up over one GPU of the hybrid group, pure model and pure
+data parallelism in one group, and plain DDP (what a fairseq user has
+today), in the paper's setting: ``hybrid_lstm_paper``, 32k vocabulary, 128
+sentences of 50 + 50 tokens per GPU (DDP) or per group (the group's modes).
+
+The schedule simulator replays the engine's own cells
+(``fairseq_hybrid/parallel/schedule_simulator.py``); DDP is one device's
+step with a bucketed ring all-reduce overlapped with backward
+(``fairseq_hybrid/parallel/data_parallel_cost.py``).  Two assumption sets:
+
+* ``p100``: the simulator's defaults (9.3 TFLOP/s fp32 at 50%, 20 us per
+  LSTM time step forward and 40 backward, 5 ms per step outside the cells,
+  PCIe 12 GB/s and 10 us per transfer);
+* ``a100``: the one-device rate taken from NVIDIA's GNMT v2 (PyTorch,
+  DeepLearningExamples README: 83.2k tokens/s, source + target, on one
+  A100 in TF32 at batch 128), solved for the FLOP rate that gives
+  hybrid_lstm_paper that time per step with the other costs below; 10 us
+  per LSTM time step (5, 10 and 20 us in the sensitivity rows); 3 ms per
+  step outside the cells (Adam over 146M fp32 parameters at about 1.5 TB/s);
+  NVLink 3 at 210 GB/s (70% of the A100 SXM's 300 GB/s each way) and 10 us
+  per transfer.
+
+Both take the host time per cell from ``--host-cost`` (the JSON of
+``scripts/bench_host_cost.py``: the cell's own call plus the engine's time
+outside the cells, per cell, on the CPU it ran on) in place of an assumed
+cost per cell call; on a GPU the host queues ops asynchronously, so the
+host time is a floor under each cell there, and adding it to the cell's
+device time, as the simulator does, is the pessimistic end.
+
+The dependency bound beside each figure is the same replay where every
+floating-point operation costs the same and nothing else costs anything.
+The bound is also given without two dependencies of today's model: the
+decoder's initial state waiting for the encoder's last chunk, and the
+bottom encoder layer's reverse direction (``--encoder-bidirectional-layers
+0``).
+
+    .venv/bin/python scripts/predict_speedups.py --host-cost docs/bench/host_cost.json --out docs/bench
+
+Writes speedups.json and speedups.md into --out.  Seconds: no training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fairseq_hybrid.parallel.cell_graph import Cell  # noqa: E402
+from fairseq_hybrid.parallel.data_parallel_cost import data_parallel_step, speedup  # noqa: E402
+from fairseq_hybrid.parallel.device_plan import build_plan  # noqa: E402
+from fairseq_hybrid.parallel.placement_search import batch, twin_model  # noqa: E402
+from fairseq_hybrid.parallel.schedule_simulator import CostModel, StepTime, flops, step_time  # noqa: E402
+
+KINDS = ("lstm", "attention_softmax", "embedding", "gather")
+PHASES = ("forward", "backward")
+CHUNK_LENGTHS = (0, 25, 10, 5, 2)  # 0: K chunks
+GNMT_A100_TOKENS_PER_S = 83.2e3
+
+
+def host_fixed(path: Optional[str], k: int) -> Dict[str, float]:
+    """Seconds of host time per cell by kind and phase at ``k`` workers:
+    the cell's own call plus the time outside cells per cell, from the
+    host-cost benchmark's whole-sequence (default chunk) row for ``k``
+    (the nearest K measured)."""
+    if not path:
+        return {f"{kind}/{phase}": 30e-6 for kind in KINDS for phase in PHASES}
+    report = json.load(open(path))
+    rows = [row for row in report["rows"] if row["chunk_length"] == 0]
+    row = min(rows, key=lambda r: abs(r["k"] - k))
+    outside = row["outside_cells_us_per_cell"]
+    fixed = {}
+    for kind in KINDS:
+        for phase in PHASES:
+            cell = row["cell_us"].get(f"{kind}/{phase}", row["cell_us"].get(f"lstm/{phase}", 0.0))
+            fixed[f"{kind}/{phase}"] = (cell + outside) * 1e-6
+    return fixed
+
+
+def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float) -> CostModel:
+    if name == "p100":
+        return CostModel(rates={f"{k}/{p}": rate for k in KINDS for p in PHASES}, fixed=dict(fixed),
+                         per_step={"lstm/forward": step_us * 1e-6, "lstm/backward": 2 * step_us * 1e-6},
+                         step_overhead=5e-3, link_bandwidth=12e9, link_latency=10e-6)
+    return CostModel(rates={f"{k}/{p}": rate for k in KINDS for p in PHASES}, fixed=dict(fixed),
+                     per_step={"lstm/forward": step_us * 1e-6, "lstm/backward": 2 * step_us * 1e-6},
+                     step_overhead=3e-3, link_bandwidth=210e9, link_latency=10e-6)
+
+
+def a100_rate(model, cfg, sample, fixed, step_us) -> float:
+    """The FLOP rate at which one device's step takes GNMT v2's A100 time."""
+    target = 128 * (50 + 50) / GNMT_A100_TOKENS_PER_S
+    free = cost_set("a100", fixed, step_us, float("inf"))
+    plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    other = step_time(model, plan, *sample, free).total
+    work = total_flops(model, cfg, sample)
+    if target <= other:
+        raise SystemExit(f"the host and latency costs alone ({other * 1e3:.1f} ms) exceed GNMT v2's step "
+                         f"({target * 1e3:.1f} ms): no rate fits")
+    return work / (target - other)
+
+
+def total_flops(model, cfg, sample) -> float:
+    from fairseq_hybrid.parallel.step_cells import build_hybrid_step
+
+    plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    built = build_hybrid_step(model, plan, *sample, None, 0)
+    return sum(flops(cell.work, phase) for cell in built.step.cells for phase in PHASES if cell.work is not None)
+
+
+def seconds(model, cfg, k, mode, cost, sample, chunk_length=0, transform=None) -> StepTime:
+    plan = build_plan(",".join(["cpu"] * k), "", mode, cfg.encoder_layers, cfg.decoder_layers)
+    return step_time(model, plan, *sample, cost, chunk_length, transform=transform)
+
+
+def best_chunk(model, cfg, k, mode, cost, sample, transform=None):
+    """The chunk length with the shortest predicted step (and that step)."""
+    if mode == "data":
+        return 0, seconds(model, cfg, k, mode, cost, sample)
+    options = [(length, seconds(model, cfg, k, mode, cost, sample, length, transform)) for length in CHUNK_LENGTHS]
+    return min(options, key=lambda option: option[1].total)
+
+
+def owned_bytes(model, cfg, k) -> List[float]:
+    """Gradient bytes of the parameters each device of a hybrid group owns
+    (where ``HybridGroup.place`` puts them)."""
+    plan = build_plan(",".join(["cpu"] * k), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    encoder, decoder = model.encoder.stack, model.decoder.stack
+    owned = [0.0] * k
+
+    def add(module, worker):
+        owned[worker] += 4.0 * sum(p.numel() for p in module.parameters())
+
+    add(encoder.embed_tokens, plan.encoder[0])
+    for layer, module in enumerate(encoder.layers):
+        add(module, plan.encoder[layer])
+    add(decoder.embed_tokens, plan.decoder[0])
+    for layer, module in enumerate(decoder.layers):
+        for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
+            add(part, plan.decoder[layer])
+    add(model.decoder.attention_softmax, plan.decoder[0])
+    return owned
+
+
+def without_decoder_initial_state(cells: List[Cell]) -> List[Cell]:
+    """The cells with decoder layers starting from zeros: chunk 0 of each
+    decoder layer no longer waits for an encoder layer's last chunk."""
+    names = [cell.name for cell in cells]
+    out = []
+    for cell in cells:
+        if cell.name.startswith("decoder layer"):
+            kept = [ref for ref in cell.inputs if not names[ref[0]].startswith("encoder")]
+            cell = cell._replace(inputs=kept)
+        out.append(cell)
+    return out
+
+
+def table(args) -> Dict:
+    model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
+    plain, plain_cfg = twin_model("hybrid_lstm_paper", args.vocabulary, encoder_bidirectional_layers=0)
+    sample = batch(128, [50] * 128, 50)
+    gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    report: Dict = {"assumptions": {}, "rows": {}, "bounds": {}, "sensitivity": {}}
+    free = CostModel()
+
+    def bound(k, mode, the_model=model, the_cfg=cfg, transform=None):
+        base = seconds(the_model, the_cfg, 1, "hybrid", free, sample).total
+        if mode == "ddp":
+            return float(k)
+        best = min(seconds(the_model, the_cfg, k, mode, free, sample, length, transform).total
+                   for length in (CHUNK_LENGTHS if mode != "data" else (0,)))
+        return base / best
+
+    for k in (2, 4):
+        for mode in ("hybrid", "model", "data", "ddp"):
+            report["bounds"][f"{mode} K={k}"] = bound(k, mode)
+    report["bounds"]["hybrid K=4, decoder from zeros"] = bound(4, "hybrid", transform=without_decoder_initial_state)
+    report["bounds"]["hybrid K=4, no bidirectional layer"] = bound(4, "hybrid", plain, plain_cfg)
+    report["bounds"]["hybrid K=4, both"] = bound(4, "hybrid", plain, plain_cfg, without_decoder_initial_state)
+
+    for name in ("p100", "a100"):
+        step_us = 20.0 if name == "p100" else 10.0
+        rows = {}
+        # the one-device rate: given (P100) or solved for GNMT v2's one-A100 step with one worker's host cost
+        rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, host_fixed(args.host_cost, 1),
+                                                             step_us)
+        one_cost = cost_set(name, host_fixed(args.host_cost, 1), step_us, rate)
+        one = seconds(model, cfg, 1, "hybrid", one_cost, sample)
+        plain_one = seconds(plain, plain_cfg, 1, "hybrid", one_cost, sample)
+        report["assumptions"][name] = {"flop_rate": rate, "per_step_us": step_us,
+                                       "host_us_per_cell": {key: v * 1e6 for key, v in one_cost.fixed.items()},
+                                       "one_device_step_ms": one.total * 1e3}
+        for k in (2, 4):
+            cost = cost_set(name, host_fixed(args.host_cost, k), step_us, rate)
+            for mode in ("hybrid", "model", "data"):
+                length, step = best_chunk(model, cfg, k, mode, cost, sample)
+                rows[f"{mode} K={k}"] = {"speedup": one.total / step.total, "chunk_length": length}
+            ddp = data_parallel_step(one, gradient_bytes, k, one_cost)  # K processes, each one device's host cost
+            rows[f"ddp K={k}"] = {"speedup": speedup(one, ddp, k)}
+            if k == 4:
+                length, group = best_chunk(model, cfg, 4, "hybrid", cost, sample)
+                two_groups = data_parallel_step(group, max(owned_bytes(model, cfg, 4)), 2, cost)
+                rows["hybrid 2 groups x 4 under DDP (8 GPUs)"] = {"speedup": speedup(one, two_groups, 2) * 1.0,
+                                                                  "chunk_length": length}
+                rows["ddp K=8"] = {"speedup": speedup(one, data_parallel_step(one, gradient_bytes, 8, one_cost), 8)}
+                length, plain_group = best_chunk(plain, plain_cfg, 4, "hybrid", cost, sample)
+                rows["hybrid K=4, --encoder-bidirectional-layers 0"] = {
+                    "speedup": plain_one.total / plain_group.total, "chunk_length": length}
+        report["rows"][name] = rows
+        sensitivity = {}
+        for latency in (5.0, 10.0, 20.0):
+            fixed, fixed_one = host_fixed(args.host_cost, 4), host_fixed(args.host_cost, 1)
+            rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, latency)
+            cost = cost_set(name, fixed, latency, rate)
+            one = seconds(model, cfg, 1, "hybrid", cost_set(name, fixed_one, latency, rate), sample)
+            _, group = best_chunk(model, cfg, 4, "hybrid", cost, sample)
+            ddp = data_parallel_step(one, gradient_bytes, 4, cost_set(name, fixed_one, latency, rate))
+            sensitivity[f"{latency:g} us"] = {"hybrid K=4": one.total / group.total, "ddp K=4": speedup(one, ddp, 4)}
+        report["sensitivity"][name] = sensitivity
+        by_host = {}
+        for label, host in (("0 (free host)", 0.0), ("30 us", 30e-6), ("measured", None)):
+            fixed = host_fixed(args.host_cost, 4) if host is None else {key: host for key in host_fixed(None, 4)}
+            fixed_one = host_fixed(args.host_cost, 1) if host is None else fixed
+            rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, step_us)
+            cost, cost_one = cost_set(name, fixed, step_us, rate), cost_set(name, fixed_one, step_us, rate)
+            one = seconds(model, cfg, 1, "hybrid", cost_one, sample)
+            plain_one = seconds(plain, plain_cfg, 1, "hybrid", cost_one, sample)
+            _, group = best_chunk(model, cfg, 4, "hybrid", cost, sample)
+            _, plain_group = best_chunk(plain, plain_cfg, 4, "hybrid", cost, sample)
+            by_host[label] = {"hybrid K=4": one.total / group.total,
+                              "hybrid K=4, no bidirectional layer": plain_one.total / plain_group.total}
+        report.setdefault("host_sensitivity", {})[name] = by_host
+    return report
+
+
+def markdown(report: Dict) -> str:
+    bounds = report["bounds"]
+    lines = ["Predicted speed-up over one GPU, `hybrid_lstm_paper`, 32k vocabulary, 128 sentences of 50 + 50 "
+             "tokens per GPU (DDP) or per group (hybrid, model, data); each group figure at its best chunk "
+             "length among 0 (K chunks), 25, 10, 5, 2 (`scripts/predict_speedups.py`).", "",
+             "| system | P100 set | A100 set | dependency bound |", "| --- | ---: | ---: | ---: |"]
+    names = list(report["rows"]["p100"])
+    for name in names:
+        p100, a100 = report["rows"]["p100"][name], report["rows"]["a100"][name]
+        chunk = f" (chunks of {p100['chunk_length']})" if p100.get("chunk_length") else ""
+        key = name if name in bounds else "hybrid K=4, no bidirectional layer" if "bidirectional" in name else None
+        lines.append(f"| {name}{chunk} | {p100['speedup']:.2f}x | {a100['speedup']:.2f}x | "
+                     f"{bounds[key]:.2f}x |" if key else
+                     f"| {name}{chunk} | {p100['speedup']:.2f}x | {a100['speedup']:.2f}x | |")
+    lines += ["", "Per LSTM time step latency (hybrid and DDP at K = 4):", "",
+              "| latency | P100 set: hybrid | DDP | A100 set: hybrid | DDP |", "| --- | ---: | ---: | ---: | ---: |"]
+    for latency in report["sensitivity"]["p100"]:
+        p, a = report["sensitivity"]["p100"][latency], report["sensitivity"]["a100"][latency]
+        lines.append(f"| {latency} | {p['hybrid K=4']:.2f}x | {p['ddp K=4']:.2f}x | {a['hybrid K=4']:.2f}x | "
+                     f"{a['ddp K=4']:.2f}x |")
+    lines += ["", "Host time per cell (hybrid at K = 4, with and without the bidirectional bottom layer):", "",
+              "| host time per cell | P100 set | without bidirectional layer | A100 set | without |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for label in report["host_sensitivity"]["p100"]:
+        p, a = report["host_sensitivity"]["p100"][label], report["host_sensitivity"]["a100"][label]
+        lines.append(f"| {label} | {p['hybrid K=4']:.2f}x | {p['hybrid K=4, no bidirectional layer']:.2f}x | "
+                     f"{a['hybrid K=4']:.2f}x | {a['hybrid K=4, no bidirectional layer']:.2f}x |")
+    lines += ["", "Dependency bound of hybrid at K = 4 with today's dependencies and without them (what-if "
+              "replays of the cells; `--encoder-bidirectional-layers 0` is an existing model option, a decoder "
+              "starting from zeros is not):", "", "| cells | bound |", "| --- | ---: |"]
+    for name in ("hybrid K=4", "hybrid K=4, decoder from zeros", "hybrid K=4, no bidirectional layer",
+                 "hybrid K=4, both"):
+        lines.append(f"| {name} | {bounds[name]:.2f}x |")
+    assumptions = report["assumptions"]
+    lines += ["", "Assumptions: " + "; ".join(
+        f"{name}: {a['flop_rate'] / 1e12:.1f} TFLOP/s effective, {a['per_step_us']:g} us per LSTM time step, host "
+        f"{a['host_us_per_cell']['lstm/forward']:.0f} us per LSTM cell forward, one device's step "
+        f"{a['one_device_step_ms']:.1f} ms" for name, a in assumptions.items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host-cost", help="scripts/bench_host_cost.py --json output (default: 30 us per cell)")
+    parser.add_argument("--vocabulary", type=int, default=32000)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    report = table(args)
+    text = markdown(report)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "speedups.json"), "w") as f:
+            json.dump(report, f, indent=2)
+        with open(os.path.join(args.out, "speedups.md"), "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

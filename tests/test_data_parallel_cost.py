@@ -1,0 +1,63 @@
+"""Plain data parallelism in the simulator's terms (the yardstick:
+fairseq_hybrid/parallel/data_parallel_cost.py), and the speed-up table of
+scripts/predict_speedups.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from fairseq_hybrid.parallel.data_parallel_cost import (ring_allreduce_seconds, overlapped_backward,
+                                                        data_parallel_step, speedup)
+from fairseq_hybrid.parallel.schedule_simulator import CostModel, StepTime
+
+LINK = CostModel(link_bandwidth=10e9, link_latency=10e-6)
+
+
+def test_a_ring_all_reduce_moves_2_k_minus_1_over_k_of_the_bytes():
+    assert ring_allreduce_seconds(1e9, 1, LINK) == 0.0
+    # 4 ranks: 6 steps of 1e9 / 4 bytes at 10 GB/s, each with 10 us of latency
+    assert ring_allreduce_seconds(1e9, 4, LINK) == pytest.approx(6 * (10e-6 + 0.025))
+
+
+def test_buckets_hide_behind_a_long_backward_and_not_behind_a_short_one():
+    gradient = 100 * 2 ** 20  # 4 buckets of 25 MiB
+    per_bucket = ring_allreduce_seconds(gradient / 4, 4, LINK)
+    long = overlapped_backward(1.0, gradient, 4, LINK)
+    assert long == pytest.approx(1.0 + per_bucket)  # only the last bucket is left after backward
+    short = overlapped_backward(1e-3, gradient, 4, LINK)
+    assert short == pytest.approx(1e-3 / 4 + 4 * per_bucket)  # the link is the bottleneck
+    assert overlapped_backward(1.0, gradient, 1, LINK) == 1.0
+
+
+def test_data_parallel_speedup_counts_k_batches_per_step():
+    one = StepTime(forward=0.3, backward=0.6, extra=0.1)
+    free = data_parallel_step(one, 4e8, 4, CostModel())
+    assert speedup(one, free, 4) == pytest.approx(4.0)
+    slow = data_parallel_step(one, 4e8, 4, LINK)
+    assert 3.0 < speedup(one, slow, 4) < 4.0
+
+
+def test_the_speedup_table(tmp_path):
+    """The table in the paper's setting: DDP at K = 4 above the hybrid group
+    in both assumption sets, the bound without the bidirectional layer above
+    the bound with it, and the host cost read from a JSON file."""
+    host = tmp_path / "host.json"
+    cell = {f"{kind}/{phase}": 50.0 for kind in ("lstm", "attention_softmax", "embedding", "gather")
+            for phase in ("forward", "backward")}
+    host.write_text(json.dumps({"rows": [{"k": k, "chunk_length": 0, "cell_us": cell,
+                                          "outside_cells_us_per_cell": 10.0} for k in (1, 2, 4)]}))
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "predict_speedups.py"), "--host-cost", str(host),
+                    "--out", str(tmp_path)], check=True, capture_output=True, cwd=REPO)
+    report = json.loads((tmp_path / "speedups.json").read_text())
+    for name in ("p100", "a100"):
+        rows = report["rows"][name]
+        assert rows["ddp K=4"]["speedup"] > rows["hybrid K=4"]["speedup"] > rows["hybrid K=2"]["speedup"] > 1.0
+        assert report["assumptions"][name]["host_us_per_cell"]["lstm/forward"] == pytest.approx(60.0)
+    assert report["assumptions"]["a100"]["one_device_step_ms"] == pytest.approx(128 * 100 / 83.2, rel=1e-6)
+    bounds = report["bounds"]
+    assert bounds["hybrid K=4, no bidirectional layer"] > bounds["hybrid K=4"] > 1.0
+    assert "| ddp K=4 |" in (tmp_path / "speedups.md").read_text()
