@@ -125,12 +125,14 @@ def test_reset_optimizer_alone(binarized, tmp_path, group):
 @SIDES
 def test_log_formats_tensorboard_and_the_groups_device_metrics(binarized, tmp_path, group):
     """--log-format json (every line parses; a group adds devK_busy and
-    group_fill, fractions of the step, to every train_inner line), --log-format
+    group_fill, fractions of the step, to every train_inner line, and, with
+    --hybrid-chunk-length auto, chunk_len, the length it chose), --log-format
     tqdm, and --tensorboard-logdir writing event files out of the box."""
     import json
 
+    auto = ["--hybrid-chunk-length", "auto"] if group else []
     log = train(binarized, tmp_path / "json", "4", "--lr", "0.005", "--log-format", "json", "--log-interval", "1",
-                "--tensorboard-logdir", tmp_path / "tb", *group)
+                "--tensorboard-logdir", tmp_path / "tb", *group, *auto)
     inner = [json.loads(line.split("| INFO | train_inner | ", 1)[1]) for line in log.splitlines()
              if "| INFO | train_inner | " in line]
     assert len(inner) == 4, log[-2000:]
@@ -139,8 +141,9 @@ def test_log_formats_tensorboard_and_the_groups_device_metrics(binarized, tmp_pa
         for row in inner:
             assert metrics <= row.keys(), row
             assert all(0.0 < float(row[name]) <= 1.0 for name in metrics), row
+            assert float(row["chunk_len"]) >= 0, row
     else:
-        assert not metrics & inner[0].keys()
+        assert not (metrics | {"chunk_len"}) & inner[0].keys()
     events = [name for _, _, names in os.walk(tmp_path / "tb") for name in names if "tfevents" in name]
     assert events, "no tensorboard event files"
     tqdm = train(binarized, tmp_path / "tqdm", "2", "--lr", "0.005", "--log-format", "tqdm", *group)

@@ -9,8 +9,9 @@ recorded devices do not exist (a 4-GPU checkpoint on a laptop), the model is
 built on one device instead, with a warning.  ``--model-overrides
 "{'hybrid_devices': 'cuda:0,cuda:1'}"`` places it on a group of this
 machine.  A recorded ``--hybrid-cost-model`` file that is not here is
-dropped the same way (``--hybrid-placement auto`` then counts FLOPs; the
-placement changes speed, never results).  Resuming training is unaffected:
+dropped the same way (``--hybrid-placement auto`` and ``--hybrid-chunk-length
+auto`` then use their default cost model; placement and chunk length change
+speed, never results).  Resuming training is unaffected:
 fairseq-train builds the model from its own command line.
 """
 
@@ -31,8 +32,8 @@ def make_portable(state: dict) -> dict:
         return state
     cost_model = getattr(model_cfg, "hybrid_cost_model", "")
     if cost_model and not os.path.exists(cost_model):
-        logger.warning("checkpoint's --hybrid-cost-model %s is not on this machine; --hybrid-placement auto "
-                       "counts floating-point operations instead", cost_model)
+        logger.warning("checkpoint's --hybrid-cost-model %s is not on this machine; --hybrid-placement auto and "
+                       "--hybrid-chunk-length auto use their default cost model instead", cost_model)
         model_cfg.hybrid_cost_model = ""
     try:
         parse_devices(devices)

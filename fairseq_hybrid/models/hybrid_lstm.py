@@ -82,16 +82,19 @@ class HybridLSTMConfig(FairseqDataclass):
     hybrid_cost_model: str = field(
         default="",
         metadata={
-            "help": "for --hybrid-placement auto: cell costs measured on your devices, the JSON file that "
-            "scripts/simulate_schedule.py --json writes (or a cost model saved alone); empty: every "
-            "floating-point operation costs the same"
+            "help": "for --hybrid-placement auto and --hybrid-chunk-length auto: cell costs measured on your "
+            "devices, the JSON file that scripts/simulate_schedule.py --json writes (or a cost model saved "
+            "alone); empty: every floating-point operation costs the same (plus, for the chunk length, the "
+            "host time per cell measured on CPU)"
         },
     )
-    hybrid_chunk_length: int = field(
-        default=0,
+    hybrid_chunk_length: str = field(
+        default="0",
         metadata={
             "help": "time steps per wavefront cell of the LSTM stacks; 0: split each sequence into as many "
-            "chunks as there are devices"
+            "chunks as there are devices; auto: for each batch shape, the length whose simulated step is "
+            "shortest (under --hybrid-cost-model, or counting floating-point operations and the host time "
+            "per cell measured on CPU)"
         },
     )
     hybrid_dropout_masks: ChoiceEnum(["per-cell", "single-device"]) = field(

@@ -12,7 +12,9 @@ a message naming it rather than deep inside a forward pass.
 ``cpu,cpu``) or a count ``K`` (K CUDA devices where CUDA is available,
 otherwise K CPU devices).  ``--hybrid-placement``: empty for the default,
 or ``encoder=0,1,0,1;decoder=0,1,0,1`` (indices into the device list, one
-per layer), or ``auto`` (:mod:`.placement_search`).  Every check of the
+per layer), or ``auto`` (:mod:`.placement_search`).
+``--hybrid-chunk-length``: time steps per wavefront cell, 0 for K chunks a
+sequence, or ``auto`` (:mod:`.chunk_choice`).  Every check of the
 ``--hybrid-*`` options is here (:func:`check_options`, :func:`build_plan`),
 and every failure is a :class:`DevicePlanError` naming the option.
 """
@@ -21,11 +23,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Sequence, Union
 
 import torch
 
 MODES = ("hybrid", "model", "data")
+AUTO = "auto"
 
 
 class DevicePlanError(ValueError):
@@ -145,6 +148,26 @@ def parse_placement(spec: str, encoder_layers: int, decoder_layers: int, num_dev
     return parts["encoder"], parts["decoder"]
 
 
+def chunk_length_option(value) -> Union[int, str]:
+    """``--hybrid-chunk-length`` as a count of time steps >= 0 or ``"auto"``.
+    The option is text on the command line (so that it can say ``auto``)
+    and an int in older checkpoints and in the Python API; both are taken."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text == AUTO:
+            return AUTO
+        try:
+            value = int(text)
+        except ValueError:
+            raise DevicePlanError(
+                f"--hybrid-chunk-length {text!r}: give a number of time steps >= 0 (0: one chunk per device) "
+                "or auto"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DevicePlanError(f"--hybrid-chunk-length must be >= 0 or auto, got {value!r}")
+    return value
+
+
 def check_options(cfg) -> None:
     """The checks of the ``--hybrid-*`` options that need neither the model
     nor the machine; :func:`build_plan` checks the rest."""
@@ -155,11 +178,10 @@ def check_options(cfg) -> None:
         if placement or cost_model:
             raise DevicePlanError("--hybrid-placement and --hybrid-cost-model need --hybrid-devices")
         return
-    if cost_model and placement != "auto":
-        raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto only")
-    chunk_length = getattr(cfg, "hybrid_chunk_length", 0)
-    if chunk_length < 0:
-        raise DevicePlanError(f"--hybrid-chunk-length must be >= 0, got {chunk_length}")
+    chunk_length = chunk_length_option(getattr(cfg, "hybrid_chunk_length", 0))
+    if cost_model and placement != AUTO and chunk_length != AUTO:
+        raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto and --hybrid-chunk-length "
+                              "auto only")
     timeout = getattr(cfg, "hybrid_timeout", 1.0)
     if not timeout > 0:
         raise DevicePlanError(f"--hybrid-timeout must be > 0 seconds, got {timeout}")

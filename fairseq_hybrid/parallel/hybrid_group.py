@@ -15,15 +15,17 @@ and so its checkpoints, are the same with and without a group.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from fairseq.logging import metrics
 from torch import Tensor
 
 from .cell_graph import DeviceUsage
-from .device_plan import DevicePlan, build_plan, check_options, plan_table
+from .chunk_choice import ChunkLengthChooser
+from .device_plan import AUTO, DevicePlan, build_plan, check_options, chunk_length_option, plan_table
 from .placement_search import auto_placement
 from .replicas import ModelReplicas
+from .schedule_simulator import CostModel
 from .step_cells import build_data_parallel_step, build_hybrid_step, run_step
 from .worker import DEFAULT_TIMEOUT
 
@@ -31,11 +33,14 @@ logger = logging.getLogger(__name__)
 
 
 class HybridGroup:
-    def __init__(self, model, plan: DevicePlan, chunk_length: int = 0, dropout_masks: str = "per-cell",
-                 timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, model, plan: DevicePlan, chunk_length: Union[int, str] = 0, dropout_masks: str = "per-cell",
+                 timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None):
         self.model = model
         self.plan = plan
-        self.chunk_length = chunk_length
+        self.chunk_length = chunk_length_option(chunk_length)
+        # --hybrid-chunk-length auto: a length per batch shape (hybrid and model mode; data mode has no chunks)
+        self.chunk_chooser = (ChunkLengthChooser(model, plan, cost_model)
+                              if self.chunk_length == AUTO and plan.mode != "data" else None)
         self.dropout_masks = dropout_masks
         self.timeout = timeout
         self.replicas = ModelReplicas(model)
@@ -52,7 +57,9 @@ class HybridGroup:
         if placement == "auto" and cfg.hybrid_mode != "data":
             placement = auto_placement(model, cfg)
         plan = build_plan(cfg.hybrid_devices, placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers)
-        group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout))
+        cost_file = getattr(cfg, "hybrid_cost_model", "")
+        group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout),
+                    CostModel.load(cost_file) if cost_file else None)
         logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, group.placement_table())
         return group
 
@@ -108,7 +115,11 @@ class HybridGroup:
             built = build_data_parallel_step(self.model, self.plan, net_input, target, shard_loss, self.replicas,
                                              masks)
         else:
-            built = build_hybrid_step(self.model, self.plan, net_input, target, shard_loss, self.chunk_length,
+            chunk_length = self.chunk_length
+            if self.chunk_chooser is not None:
+                chunk_length = self.chunk_chooser(net_input, target)
+                metrics.log_scalar("chunk_len", chunk_length, weight=1, round=1)
+            built = build_hybrid_step(self.model, self.plan, net_input, target, shard_loss, chunk_length,
                                       self.replicas, masks)
         return run_step(built, self.timeout, log_device_usage)
 

@@ -21,7 +21,7 @@ import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 from ..testing import StandInTask, VocabularyOfSize
-from .device_plan import build_plan, default_placement, parse_devices, placement_text
+from .device_plan import AUTO, build_plan, chunk_length_option, default_placement, parse_devices, placement_text
 from .schedule_simulator import CostModel, StepTime, step_time
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,10 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
     default (move one layer at a time while that helps).  The default stays
     unless another is predicted to be faster."""
     cost = cost or CostModel()
+    # With --hybrid-chunk-length auto, placements are compared at K chunks a
+    # sequence (the chunk length is then chosen per batch for the placement).
+    chunk_length = chunk_length_option(getattr(cfg, "hybrid_chunk_length", 0))
+    chunk_length = 0 if chunk_length == AUTO else chunk_length
     sentences, source_length, target_length = shape
     net_input, target = batch(sentences, [source_length] * sentences, target_length)
     names = ",".join(str(d) for d in devices)
@@ -78,7 +82,7 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
     def evaluate(placement: str) -> float:
         if placement not in times:
             plan = build_plan(names, placement, "hybrid", *layers)
-            times[placement] = step_time(model, plan, net_input, target, cost, cfg.hybrid_chunk_length)
+            times[placement] = step_time(model, plan, net_input, target, cost, chunk_length)
         return times[placement].total
 
     k = len(devices)

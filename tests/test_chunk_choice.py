@@ -1,0 +1,100 @@
+"""``--hybrid-chunk-length auto``: the option, the choice per batch shape
+under a cost model, and a group that chooses still computing the
+single-device step."""
+
+import pytest
+
+from conftest import StandInTask, build_model
+from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+from fairseq_hybrid.exactness import check_equal, loss_and_grads, single_and_group
+from fairseq_hybrid.parallel.chunk_choice import ChunkLengthChooser, candidate_lengths, default_cost_model
+from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan, chunk_length_option
+from fairseq_hybrid.parallel.placement_search import batch, twin_model
+from fairseq_hybrid.parallel.schedule_simulator import CostModel
+
+
+def test_the_option_takes_a_count_or_auto_as_text_or_int():
+    assert chunk_length_option("auto") == "auto"
+    assert chunk_length_option(" 3 ") == 3
+    assert chunk_length_option("0") == 0
+    assert chunk_length_option(5) == 5  # older checkpoints and the Python API
+    for bad in ("-1", "three", "", -2, 1.5, True):
+        with pytest.raises(DevicePlanError, match="--hybrid-chunk-length"):
+            chunk_length_option(bad)
+
+
+def test_a_bad_chunk_length_fails_when_the_model_is_built_naming_the_option():
+    with pytest.raises(ValueError, match="--hybrid-chunk-length 'often': give a number of time steps"):
+        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_chunk_length="often")
+
+
+def test_the_cost_model_serves_an_automatic_chunk_length_too(tmp_path):
+    with pytest.raises(ValueError, match="--hybrid-cost-model is used by --hybrid-placement auto and"):
+        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_cost_model=str(tmp_path / "c.json"))
+    cost = tmp_path / "cost.json"
+    cost.write_text('{"cost_model": {"fixed": {"lstm/forward": 1.0}}}')
+    model = build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_chunk_length="auto",
+                        hybrid_cost_model=str(cost))
+    assert model.hybrid_group.chunk_chooser.cost.fixed == {"lstm/forward": 1.0}
+
+
+def test_candidates_go_up_to_one_chunk_a_layer():
+    assert candidate_lengths(5, 3) == [0, 1, 2, 3, 4, 5]
+    assert candidate_lengths(1, 1) == [0, 1]
+
+
+def chooser(fixed_seconds: float, devices: int = 4):
+    model, cfg = twin_model("hybrid_lstm_paper", 32000)
+    plan = build_plan(",".join(["cpu"] * devices), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    fixed = {key: fixed_seconds for key in ("lstm/forward", "lstm/backward", "attention_softmax/forward",
+                                            "attention_softmax/backward")}
+    return ChunkLengthChooser(model, plan, CostModel(fixed=fixed, default_rate=1e12))
+
+
+def test_free_cells_choose_more_chunks_than_costly_ones():
+    net_input, target = batch(64, [40] * 64, 40)
+    free = chooser(0.0)
+    times = free.predicted_seconds(net_input, target)
+    fine = free(net_input, target)
+    assert 0 < fine <= 5 and times[fine] < times[0]  # shorter chunks than K = 4 chunks of 10 steps
+    # when a cell call costs far more than its arithmetic, the fewest cells
+    # win: one chunk a layer
+    assert chooser(1.0)(net_input, target) == 40
+
+
+def test_a_shape_is_chosen_once_and_sentence_counts_share_a_bucket():
+    choose = chooser(0.0)
+    calls = []
+    choose.choose = lambda net_input, target: calls.append(net_input["src_tokens"].shape) or 2
+    for sentences in (57, 64, 60):
+        assert choose(*batch(sentences, [12] * sentences, 9)) == 2
+    choose(*batch(65, [12] * 65, 9))
+    choose(*batch(64, [12] * 64, 10))
+    assert len(calls) == 3 and set(choose.choices) == {(64, 12, 9), (72, 12, 9), (64, 12, 10)}
+
+
+def test_the_default_cost_model_counts_host_time_per_cell():
+    cost = default_cost_model()
+    assert cost.fixed["lstm/forward"] > 0 and cost.fixed["attention_softmax/backward"] > 0
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "model"])
+def test_a_group_choosing_its_chunk_length_computes_the_single_device_step(mode, dictionaries):
+    check_equal(["cpu"] * 2, mode, dictionaries, group_options={"hybrid_chunk_length": "auto"})
+
+
+def test_the_group_chooses_for_the_batch_it_runs(dictionaries):
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_chunk_length": "auto"})
+    loss_and_grads(group, criterion, sample)
+    chooser = group.hybrid_group.chunk_chooser
+    assert list(chooser.choices) == [chooser.shape(sample["net_input"])]
+    widths = sample["net_input"]["src_tokens"].size(1), sample["net_input"]["prev_output_tokens"].size(1)
+    assert chooser.choices[chooser.shape(sample["net_input"])] in candidate_lengths(*widths)
+
+
+def test_data_mode_has_no_chunks_to_choose(dictionaries):
+    _, group, _ = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_mode": "data",
+                                                  "hybrid_chunk_length": "auto"})
+    assert group.hybrid_group.chunk_chooser is None
