@@ -20,6 +20,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..parallel.seeded_dropout import SeededDropout
+from ..sorted_packing import chunk_lengths, pack_sorted, unpack_sorted
 
 LSTM_PARAMETERS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
 
@@ -130,32 +131,35 @@ class LSTMEncoderStack(nn.Module):
         return self.dropout(outputs), h, c
 
     def run_chunk(
-        self, index: int, inputs: Tensor, sorted_lengths: Tensor, start: int, state: Optional[Tuple[Tensor, Tensor]]
+        self, index: int, inputs: Tensor, sorted_lengths: Tensor, start: int, state: Optional[Tuple[Tensor, Tensor]],
+        positions: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Tensor, Tensor]:
         """A unidirectional layer over the time chunk ``inputs`` B x W x C
         that starts at position ``start``, from ``state`` (``h``, ``c``,
         B x H; zeros when None).  Rows are sorted by length, longest first,
         so the sentences still running are a prefix of the batch; the others
         keep their state and get zero outputs.  Chaining the chunks of a
-        layer gives exactly ``run_layer``."""
+        layer gives exactly ``run_layer``.  ``positions``: the packed layout
+        of the running rows (:func:`.chunk_lengths`, :func:`.sorted_layout`)
+        on ``inputs``' device, where the caller has it."""
         layer = self.layers[index]
         batch, width, _ = inputs.shape
         hidden = layer.hidden_size
         if state is None:
             zeros = inputs.new_zeros(batch, hidden)
             state = (zeros, zeros)
-        running = int((sorted_lengths > start).sum())
+        lengths = chunk_lengths(sorted_lengths, start, width)
+        running = len(lengths)
         if running == 0:
             outputs = inputs.new_zeros(batch, width, hidden)
             h, c = state
         else:
-            lengths = (sorted_lengths[:running] - start).clamp(max=width)
-            packed = pack_padded_sequence(inputs[:running], lengths, batch_first=True, enforce_sorted=True)
+            packed, positions = pack_sorted(inputs, lengths, positions)
             packed_out, (h, c) = layer(packed, (state[0][:running].unsqueeze(0), state[1][:running].unsqueeze(0)))
-            outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=width)
+            # the rows that have ended before this chunk come out as zeros
+            outputs = unpack_sorted(packed_out.data, positions, batch, width)
             h, c = h.squeeze(0), c.squeeze(0)
             if running < batch:
-                outputs = torch.cat([outputs, outputs.new_zeros(batch - running, width, hidden)])
                 h = torch.cat([h, state[0][running:]])
                 c = torch.cat([c, state[1][running:]])
         if self.has_residual(index):
@@ -183,7 +187,8 @@ class LSTMEncoderStack(nn.Module):
         return module
 
     def run_direction(self, module: nn.LSTM, reverse: bool, inputs: Tensor, sorted_lengths: Tensor,
-                      positions: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+                      positions: Optional[Tensor] = None,
+                      packed_positions: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """One direction (``module``, from :meth:`direction` or a replica of
         it) of a bidirectional layer over the whole ``inputs`` B x S x C
         (rows sorted by length, longest first): outputs B x S x H and final
@@ -191,14 +196,15 @@ class LSTMEncoderStack(nn.Module):
         direction is the forward recurrence over each sentence reversed in
         place (padding stays at the end); ``positions`` are
         ``reversed_positions(sorted_lengths, S)`` on ``inputs``' device,
-        made here when not given."""
+        and ``packed_positions`` the packed layout (:func:`.sorted_layout`)
+        there, each made here when not given."""
         if reverse:
             if positions is None:
                 positions = reversed_positions(sorted_lengths, inputs.size(1)).to(inputs.device)
             inputs = inputs.gather(1, positions.unsqueeze(-1).expand_as(inputs))
-        packed = pack_padded_sequence(inputs, sorted_lengths, batch_first=True, enforce_sorted=True)
+        packed, packed_positions = pack_sorted(inputs, sorted_lengths, packed_positions)
         packed_out, (h, c) = module(packed)
-        outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=inputs.size(1))
+        outputs = unpack_sorted(packed_out.data, packed_positions, inputs.size(0), inputs.size(1))
         if reverse:
             outputs = outputs.gather(1, positions.unsqueeze(-1).expand_as(outputs))
         return outputs, h.squeeze(0), c.squeeze(0)

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from ..criterions.fused_output_loss import KeptTargets, kept_targets
+from ..sorted_packing import chunk_lengths, sorted_layout
 from .batch_shards import batch_slices, sum_on
 from .cell_graph import Cell, DeviceUsage, Work, run_cells
 from .device_plan import DevicePlan
@@ -152,6 +153,15 @@ class _Batch:
         self.restore_on = to_devices(self.restore, devices)
         self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
                                              devices)
+        # The packed layout of the encoder's rows, whole (the directions of a
+        # bidirectional layer) and per time chunk (the rows still running),
+        # sent with the batch: one gather per cell instead of a copy per step.
+        self.packed_positions = to_devices(sorted_layout(self.sorted_lengths, self.source_width)[0], devices)
+        self.chunk_packed_positions = []
+        for chunk in self.source_chunks:
+            lengths = chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start)
+            self.chunk_packed_positions.append(
+                to_devices(sorted_layout(lengths, chunk.stop - chunk.start)[0] if len(lengths) else None, devices))
         padding_mask = src_tokens.eq(encoder.padding_idx)
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
@@ -226,7 +236,8 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                     x = _join([_join(parts[c * width:(c + 1) * width]) for c in range(count)], chunked=True)
                     lstm = master if replicas is None else replicas.on(worker, device, step)
                     positions = batch.reversed_positions[device] if reverse else None
-                    out, h, c = encoder.run_direction(lstm, reverse, x, sorted_lengths, positions)
+                    out, h, c = encoder.run_direction(lstm, reverse, x, sorted_lengths, positions,
+                                                      batch.packed_positions[device])
                     if encoder.has_residual(layer):
                         size = out.size(-1)
                         out = out + x[..., size:] if reverse else out + x[..., :size]
@@ -245,10 +256,11 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
             previous = None
             chunk_cells = []
             for c, chunk in enumerate(source_chunks):
-                def run_chunk(*args, layer=layer, start=chunk.start, width=len(below[c]), first=(c == 0)):
+                def run_chunk(*args, layer=layer, start=chunk.start, width=len(below[c]), first=(c == 0),
+                              packed=batch.chunk_packed_positions[c].get(plan.encoder_device(layer))):
                     x = _join(args[:width])
                     state = None if first else (args[width], args[width + 1])
-                    return encoder.run_chunk(layer, x, sorted_lengths, start, state)
+                    return encoder.run_chunk(layer, x, sorted_lengths, start, state, packed)
 
                 state_refs = [] if previous is None else [step.ref(previous, "h"), step.ref(previous, "c")]
                 tokens = int((sorted_lengths - chunk.start).clamp(min=0, max=chunk.stop - chunk.start).sum())
