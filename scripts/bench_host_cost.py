@@ -26,6 +26,11 @@ assumed cost per cell call.
 
     .venv/bin/python scripts/bench_host_cost.py --json docs/bench/host_cost.json
 
+``--device cuda`` puts the workers on the GPUs at hand instead (virtual
+devices on one GPU where there are fewer than K) and waits for each step's
+kernels: the host time of a GPU machine's host, what ``scripts/gpu_check.py
+--phases calibrate`` measures.
+
 A time: run it alone on the machine.
 """
 
@@ -67,13 +72,25 @@ def op_cost_us(repeats: int = 20000) -> float:
     return statistics.median(timings)
 
 
-def setup(k: int, chunk_length: int, sentences: int, length: int):
+def group_devices(k: int, device: str) -> str:
+    """K plain CPU devices, or K workers on the GPUs there are (virtual
+    devices cuda:0,cuda:0,... where there are fewer than K)."""
+    if device == "cpu":
+        return ",".join(["cpu"] * k)
+    count = torch.cuda.device_count()
+    return ",".join(f"cuda:{i % count}" for i in range(k))
+
+
+def setup(k: int, chunk_length: int, sentences: int, length: int, device: str = "cpu"):
     dictionary = make_dictionary()
     torch.manual_seed(0)
-    model = build_model("hybrid_lstm", dictionary, dictionary, **TINY, hybrid_devices=",".join(["cpu"] * k),
+    model = build_model("hybrid_lstm", dictionary, dictionary, **TINY, hybrid_devices=group_devices(k, device),
                         hybrid_chunk_length=chunk_length).train()
     criterion = HybridCrossEntropyCriterion(StandInTask(dictionary, dictionary), False, 0.1)
     sample = make_sample(dictionary, dictionary, [length] * sentences, [length] * sentences)
+    if device == "cuda":  # where fairseq puts a batch
+        sample = {key: ({k: v.to("cuda:0") for k, v in value.items()} if isinstance(value, dict) else
+                        value.to("cuda:0") if torch.is_tensor(value) else value) for key, value in sample.items()}
     return model, criterion, sample
 
 
@@ -81,10 +98,12 @@ def one_step(model, criterion, sample):
     model.zero_grad(set_to_none=True)
     loss, sample_size, _ = criterion(model, sample)
     (loss / sample_size).backward()
+    if loss.is_cuda:
+        torch.cuda.synchronize()  # the step's kernels end inside its time
 
 
-def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int) -> Dict:
-    model, criterion, sample = setup(k, chunk_length, sentences, length)
+def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int, device: str = "cpu") -> Dict:
+    model, criterion, sample = setup(k, chunk_length, sentences, length, device)
     for _ in range(2):
         one_step(model, criterion, sample)  # warm-up: replicas, allocator
     walls = []
@@ -152,16 +171,21 @@ def main(argv=None) -> int:
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--length", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the workers on the GPUs at hand (the host time a GPU's host spends per cell)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU here")
     torch.set_num_threads(1)
     rows = []
     for k in (int(x) for x in args.groups.split(",")):
         for chunk_length in (int(x) for x in args.chunk_lengths.split(",")):
-            row = measure(k, chunk_length, args.steps, args.sentences, args.length)
+            row = measure(k, chunk_length, args.steps, args.sentences, args.length, args.device)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    report = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+    report = {"machine": platform.processor() or platform.machine(), "device": args.device,
+              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__,
               "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops_per_cell(0, args.sentences, args.length),
               "rows": rows}
     print(json.dumps(report, indent=2))

@@ -16,6 +16,12 @@ Markdown table (``--out``, default ``work/gpu_check``) say what passed.
   speed       target tokens/s of fairseq's lstm against hybrid_lstm at the
               same size on one device, and of one device against groups of
               K = 2 and 4 (virtual) devices in each mode
+  calibrate   the inputs of the predicted speed-up table, measured: the
+              host time per cell on this GPU machine (bench_host_cost.py
+              --device cuda), one device's tokens/s in the paper's setting
+              (hybrid_lstm_paper, 32k vocabulary, 128 sentences of 50 + 50),
+              a chunk-length sweep of a group of 4, and predict_speedups.py
+              run on these instead of a CPU's host time and GNMT v2's rate
   streams     PyTorch's CUDA Sanitizer on the caller and on every worker
               thread, sharing one record (fairseq_hybrid.cuda_sanitizer_workers),
               over one exactness step per mode on groups of 2 and 4, the
@@ -40,8 +46,9 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, REPO)
 BIN = os.path.dirname(sys.executable)
 FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
-PHASES = ("exactness", "precision", "speed", "streams")
-LIMITS = {"exactness": 180, "precision": 240, "speed": 150, "streams": 120}  # seconds per phase
+PHASES = ("exactness", "precision", "speed", "calibrate", "streams")
+LIMITS = {"exactness": 180, "precision": 240, "speed": 150, "calibrate": 240, "streams": 120}  # seconds per phase
+CHUNK_SWEEP = ("0", "25", "10", "5", "2", "auto")
 
 
 def devices_for(device, count, k):
@@ -181,6 +188,45 @@ def phase_speed(args, result):
                                              f"{args.steps} timed steps after one warm-up")
 
 
+def phase_calibrate(args, result):
+    """What the predicted table assumed, measured where it runs: host time
+    per cell, one device's rate, the chunk lengths.  On CPU a smoke run at
+    tiny sizes (the figures then say nothing of a GPU)."""
+    import torch
+
+    cuda = args.device == "cuda"
+    count = torch.cuda.device_count() if cuda else 0
+    host_cost = os.path.join(args.work, "host_cost.json")
+    subprocess.check_call([sys.executable, os.path.join(REPO, "scripts", "bench_host_cost.py"), "--device",
+                           args.device, "--groups", "1,2,4" if cuda else "1", "--chunk-lengths",
+                           "0,8,4,2" if cuda else "0", "--steps", str(max(2, args.steps // 2)), "--json", host_cost],
+                          stdout=subprocess.DEVNULL)
+    host = json.load(open(host_cost))
+    result["host_us_per_cell"] = {f"K={row['k']}": row["cell_us"] for row in host["rows"] if row["chunk_length"] == 0}
+
+    # the paper's setting on a GPU; a tiny one for the CPU smoke run
+    arch, shape = (("hybrid_lstm_paper", dict(batch=128, length=50, vocab=32000)) if cuda else
+                   ("hybrid_lstm_tiny", dict(batch=8, length=6, vocab=50)))
+    common = dict(device=args.device, steps=args.steps, **shape)
+    one = throughput(arch, [], "hybrid", options={}, **common)
+    result["one_device_tokens_per_s"] = 2 * one  # source + target, as GNMT v2 counts (equal lengths here)
+    devices = devices_for(args.device, count, 4 if cuda else 2)
+    sweep = {}
+    for length in CHUNK_SWEEP:
+        rate = throughput(arch, devices, "hybrid", options={"hybrid_chunk_length": length}, **common)
+        sweep[length] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
+        print(length, sweep[length], flush=True)
+    result["chunk_sweep"] = {"devices": ",".join(devices), "rows": sweep}
+
+    predicted = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "predict_speedups.py"), "--host-cost",
+                                host_cost, "--one-device-tokens-per-s", str(result["one_device_tokens_per_s"]),
+                                "--out", os.path.join(args.work, "predicted")], capture_output=True, text=True)
+    result["predicted"] = (predicted.stdout if predicted.returncode == 0
+                           else f"predict_speedups.py failed: {predicted.stderr[-1500:]}")
+    result["ok"] = predicted.returncode == 0 or not cuda  # a tiny CPU rate may fit no FLOP rate: not a failure
+    result["shape"] = f"{arch}, {shape['batch']} sentences of {shape['length']} + {shape['length']} tokens"
+
+
 def phase_streams(args, result):
     import torch
 
@@ -257,6 +303,11 @@ def markdown(report):
                     states.append(f"group vs one device: {sides['largest relative parameter difference']:.1e}")
                 parts.append(f"{precision}: " + ", ".join(states))
             what = "; ".join(parts)
+        elif name == "calibrate" and "chunk_sweep" in result:
+            sweep = result["chunk_sweep"]
+            what = (f"{result['shape']}: one device {result['one_device_tokens_per_s']:,.0f} tokens/s; "
+                    f"{sweep['devices']} by chunk length: " +
+                    ", ".join(f"{k} {v['vs_one_device']:.2f}x" for k, v in sweep["rows"].items()))
         elif name == "streams":
             what = result.get("skipped") or (f"{result.get('races', '?')} race(s) reported over "
                                              f"{len(result.get('runs', []))} runs")
@@ -266,6 +317,10 @@ def markdown(report):
         lines += ["", f"Speed ({speed['shape']}):", "", "| system | target tokens/s | vs one device |",
                   "| --- | ---: | ---: |"]
         lines += [f"| {r['system']} | {r['tokens_per_s']:,.0f} | {r['vs_one_device']:.2f}x |" for r in speed["rows"]]
+    calibrate = report["phases"].get("calibrate", {})
+    if calibrate.get("predicted"):
+        lines += ["", "Predicted with this machine's host time and one-device rate (`scripts/predict_speedups.py`):",
+                  "", calibrate["predicted"]]
     return "\n".join(lines) + "\n"
 
 

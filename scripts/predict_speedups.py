@@ -15,7 +15,9 @@ step with a bucketed ring all-reduce overlapped with backward
 * ``a100``: the one-device rate taken from NVIDIA's GNMT v2 (PyTorch,
   DeepLearningExamples README: 83.2k tokens/s, source + target, on one
   A100 in TF32 at batch 128), solved for the FLOP rate that gives
-  hybrid_lstm_paper that time per step with the other costs below; 10 us
+  hybrid_lstm_paper that time per step with the other costs below (or
+  from ``--one-device-tokens-per-s``, measured on a GPU at hand by
+  ``scripts/gpu_check.py --phases calibrate``); 10 us
   per LSTM time step (5, 10 and 20 us in the sensitivity rows); 3 ms per
   step outside the cells (Adam over 146M fp32 parameters at about 1.5 TB/s);
   NVLink 3 at 210 GB/s (70% of the A100 SXM's 300 GB/s each way) and 10 us
@@ -91,15 +93,17 @@ def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float) ->
                      step_overhead=3e-3, link_bandwidth=210e9, link_latency=10e-6)
 
 
-def a100_rate(model, cfg, sample, fixed, step_us) -> float:
-    """The FLOP rate at which one device's step takes GNMT v2's A100 time."""
-    target = 128 * (50 + 50) / GNMT_A100_TOKENS_PER_S
+def a100_rate(model, cfg, sample, fixed, step_us, tokens_per_s: float = GNMT_A100_TOKENS_PER_S) -> float:
+    """The FLOP rate at which one device's step takes the time that
+    ``tokens_per_s`` (source + target) gives: GNMT v2's one-A100 figure, or
+    one measured on a GPU at hand (``--one-device-tokens-per-s``)."""
+    target = 128 * (50 + 50) / tokens_per_s
     free = cost_set("a100", fixed, step_us, float("inf"))
     plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     other = step_time(model, plan, *sample, free).total
     work = total_flops(model, cfg, sample)
     if target <= other:
-        raise SystemExit(f"the host and latency costs alone ({other * 1e3:.1f} ms) exceed GNMT v2's step "
+        raise SystemExit(f"the host and latency costs alone ({other * 1e3:.1f} ms) exceed the one-device step "
                          f"({target * 1e3:.1f} ms): no rate fits")
     return work / (target - other)
 
@@ -185,15 +189,18 @@ def table(args) -> Dict:
     for name in ("p100", "a100"):
         step_us = 20.0 if name == "p100" else 10.0
         rows = {}
-        # the one-device rate: given (P100) or solved for GNMT v2's one-A100 step with one worker's host cost
+        # the one-device rate: given (P100) or solved for the one-device tokens/s (GNMT v2's one-A100
+        # figure unless measured) with one worker's host cost
         rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, host_fixed(args.host_cost, 1),
-                                                             step_us)
+                                                             step_us, args.one_device_tokens_per_s)
         one_cost = cost_set(name, host_fixed(args.host_cost, 1), step_us, rate)
         one = seconds(model, cfg, 1, "hybrid", one_cost, sample)
         plain_one = seconds(plain, plain_cfg, 1, "hybrid", one_cost, sample)
         report["assumptions"][name] = {"flop_rate": rate, "per_step_us": step_us,
                                        "host_us_per_cell": {key: v * 1e6 for key, v in one_cost.fixed.items()},
                                        "one_device_step_ms": one.total * 1e3}
+        if name == "a100":
+            report["assumptions"][name]["one_device_tokens_per_s"] = args.one_device_tokens_per_s
         for k in (2, 4):
             cost = cost_set(name, host_fixed(args.host_cost, k), step_us, rate)
             for mode in ("hybrid", "model", "data"):
@@ -214,7 +221,8 @@ def table(args) -> Dict:
         sensitivity = {}
         for latency in (5.0, 10.0, 20.0):
             fixed, fixed_one = host_fixed(args.host_cost, 4), host_fixed(args.host_cost, 1)
-            rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, latency)
+            rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, latency,
+                                                                 args.one_device_tokens_per_s)
             cost = cost_set(name, fixed, latency, rate)
             one = seconds(model, cfg, 1, "hybrid", cost_set(name, fixed_one, latency, rate), sample)
             _, group = best_chunk(model, cfg, 4, "hybrid", cost, sample)
@@ -225,7 +233,8 @@ def table(args) -> Dict:
         for label, host in (("0 (free host)", 0.0), ("30 us", 30e-6), ("measured", None)):
             fixed = host_fixed(args.host_cost, 4) if host is None else {key: host for key in host_fixed(None, 4)}
             fixed_one = host_fixed(args.host_cost, 1) if host is None else fixed
-            rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, step_us)
+            rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, step_us,
+                                                                 args.one_device_tokens_per_s)
             cost, cost_one = cost_set(name, fixed, step_us, rate), cost_set(name, fixed_one, step_us, rate)
             one = seconds(model, cfg, 1, "hybrid", cost_one, sample)
             plain_one = seconds(plain, plain_cfg, 1, "hybrid", cost_one, sample)
@@ -281,6 +290,10 @@ def markdown(report: Dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host-cost", help="scripts/bench_host_cost.py --json output (default: 30 us per cell)")
+    parser.add_argument("--one-device-tokens-per-s", type=float, default=GNMT_A100_TOKENS_PER_S,
+                        help="the A100 set's one-device rate, source + target tokens/s of hybrid_lstm_paper at 128 "
+                        "sentences of 50 + 50 (default: GNMT v2's 83.2k on one A100; scripts/gpu_check.py's "
+                        "calibrate phase measures it on the GPU at hand)")
     parser.add_argument("--vocabulary", type=int, default=32000)
     parser.add_argument("--out")
     args = parser.parse_args(argv)

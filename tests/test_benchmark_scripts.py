@@ -39,10 +39,13 @@ def test_bench_suite_refuses_fewer_batches_than_processes(binarized):
 def test_gpu_check_runs_without_a_gpu(tmp_path):
     """The GPU check's precision phase on CPU devices (fp32 only there):
     fairseq-train on one device and on a group, then the comparison; the
-    JSON and the table are written."""
+    calibrate phase's smoke run (host time per cell, one device's rate, the
+    chunk sweep with auto, the prediction from them); the JSON and the table
+    are written."""
     out = tmp_path / "out"
-    run(sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--device", "cpu", "--phases", "precision,streams",
-        "--updates", "2", "--out", out, "--work", tmp_path / "work", timeout=600)
+    run(sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--device", "cpu", "--phases",
+        "precision,calibrate,streams", "--updates", "2", "--steps", "2", "--out", out, "--work", tmp_path / "work",
+        timeout=600)
     report = json.load(open(out / "gpu_check.json"))
     runs = report["phases"]["precision"]["runs"]
     assert runs["fp32"]["one device"]["ok"] and runs["fp32"]["group cpu,cpu"]["finite"]
@@ -50,6 +53,12 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     assert "skipped" in runs["fp16"]
     assert "| precision | yes |" in open(out / "gpu_check.md").read()
     assert report["phases"]["streams"]["skipped"].startswith("needs CUDA")
+    calibrate = report["phases"]["calibrate"]
+    assert calibrate["ok"], calibrate
+    assert calibrate["host_us_per_cell"]["K=1"]["lstm/forward"] > 0 and calibrate["one_device_tokens_per_s"] > 0
+    assert set(calibrate["chunk_sweep"]["rows"]) == {"0", "25", "10", "5", "2", "auto"}
+    assert all(row["tokens_per_s"] > 0 for row in calibrate["chunk_sweep"]["rows"].values())
+    assert "| calibrate | yes |" in open(out / "gpu_check.md").read()
 
 
 @pytest.mark.slow
@@ -81,3 +90,31 @@ def test_bench_host_cost_smoke(tmp_path):
         assert row["outside_cells_us_per_cell"] >= 0
     assert report["op_us"] > 0
     assert report["ops_per_cell_k1_whole"]["lstm"] > report["ops_per_cell_k1_whole"]["embedding"] > 0
+
+
+def test_profile_training_smoke(binarized, tmp_path):
+    """Where an update's time goes: phases that add up to the update, the
+    ops with the most self time, the FLOP rates of the heavy work beside the
+    machine's sgemm rate."""
+    out = tmp_path / "profile.json"
+    run(sys.executable, os.path.join(SCRIPTS, "profile_training.py"), binarized / "bin", "--warmup", "1", "--steps",
+        "2", "--top", "5", "--json", out, timeout=300)
+    report = json.load(open(out))
+    phases = report["phases_ms_per_update"]
+    assert sum(phases.values()) == pytest.approx(report["ms_per_update"], rel=1e-6)
+    assert phases["forward+loss"] > 0 and phases["backward"] > 0 and phases["optimizer"] > 0
+    assert len(report["ops"]) == 5 and report["ops"][0]["self_ms_per_update"] > 0
+    assert report["matrix_products"]["gflop_per_update"] > 0 and report["lstm_kernels"]["gflop_per_update"] > 0
+    assert report["sgemm_gflop_per_s"] > 0
+    assert {"encoder layer 0", "decoder layer 1"} <= report["forward_parts_ms_per_update"].keys()
+
+
+def test_bench_one_device_runs_the_baseline_from_its_own_tree(binarized, tmp_path):
+    """The side-by-side speed of one device: the baseline commit's
+    fairseq_hybrid, exported, and this checkout's, in alternating runs."""
+    out = tmp_path / "one_device.json"
+    result = run(sys.executable, os.path.join(SCRIPTS, "bench_one_device.py"), binarized / "bin", "--baseline",
+                 "HEAD", "--rounds", "1", "--steps", "2", "--warmup", "1", "--json", out, timeout=300)
+    report = json.load(open(out))
+    assert len(report["rounds"]) == 1 and report["rounds"][0]["baseline_ms"] > 0 and report["median_speedup"] > 0
+    assert "median speed-up" in result.stdout
