@@ -28,6 +28,9 @@
 #             (recipes/tatoeba_ja_en/evaluate.sh)
 #   score     sacrebleu BLEU and chrF with signatures, five test sentences
 #             with their reference and translation, and how to translate your own
+#   plot      curves.png in the run folder: validation loss against updates and
+#             minutes, beside the peer's run of the same work folder when there
+#             (fairseq's lstm for a hybrid_lstm run, hybrid_lstm_base for lstm)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,7 +41,7 @@ work="$repo/work/tatoeba_ja_en"
 train_minutes=0
 budget=default
 max_update=""
-steps=download,prepare,spm,binarize,train,average,generate,score
+steps=download,prepare,spm,binarize,train,average,generate,score,plot
 select=best
 dropout=0.1
 vocab_size=8000
@@ -208,6 +211,11 @@ if has_step score; then
   log "score: sacrebleu on $(wc -l < "$raw/test.en") test sentences (checkpoint_$select.pt)"
   cat "$run/score.json"
   python "$here/report.py" "$run" --arch "$arch" --raw "$raw" --select "$select"
+fi
+if has_step plot; then
+  if [[ "$arch" == lstm ]]; then peer="$work/hybrid_lstm_base"; else peer="$work/lstm"; fi
+  python "$here/plot_curves.py" "$run" --compare "$peer" --out "$run/curves.png" \
+    --title "Tatoeba ja-en, $(basename "$run") ($(date +%Y-%m-%d))"
 fi
 if [[ ${#step_times[@]} -gt 0 ]]; then
   log "wall time of each step: $(IFS=,; echo "${step_times[*]}" | sed 's/,/, /g'); $(( SECONDS / 60 )) min in all"
