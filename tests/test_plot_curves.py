@@ -70,3 +70,16 @@ def test_draws_the_run_beside_its_peer_and_skips_a_missing_one(tmp_path):
     assert "lstm: 2 validations, lowest loss 6.400 at update 400" in result.stdout
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_recipes_plot_step_draws_the_run_beside_the_peer(tmp_path):
+    """run.sh --steps plot: the default run's curves.png with fairseq's lstm
+    run of the same work folder beside it."""
+    work = tmp_path / "work"
+    write_run(work / "hybrid_lstm_base", [train_line(200, 100), valid_line(200, 7.0)])
+    write_run(work / "lstm", [train_line(200, 190), valid_line(200, 7.3)])
+    result = subprocess.run(["bash", os.path.join(REPO, "recipes", "tatoeba_ja_en", "run.sh"), "--work-dir",
+                             str(work), "--steps", "plot"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "hybrid_lstm_base: 1 validations" in result.stdout and "lstm: 1 validations" in result.stdout
+    assert os.path.getsize(work / "hybrid_lstm_base" / "curves.png") > 1000
