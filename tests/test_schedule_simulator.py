@@ -2,6 +2,7 @@
 replay of dependencies and device time, predictions built from the
 engine's own cells."""
 
+import pytest
 import torch
 
 from fairseq_hybrid.parallel.cell_graph import Cell, Work
@@ -54,3 +55,17 @@ def test_two_devices_predicted_faster_and_data_mode_cells_are_whole_models():
     torch.testing.assert_close(data.forward, one.forward / 2, rtol=1e-6, atol=0)
 
 
+
+
+def test_hidden_replica_copies_take_off_exactly_the_copies():
+    """The what-if of replica copies hidden behind the cells: the step loses
+    its parameter and gradient copies over the link and nothing else."""
+    model, cfg = twin_model("hybrid_lstm_base", 8000)
+    plan = build_plan("cpu,cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    net_input, target = batch(16, [10] * 16, 10)
+    link = CostModel(link_bandwidth=1e9, link_latency=1e-5)
+    copied = sum(p.numel() for name, p in model.named_parameters() if name.startswith("decoder.attention_softmax."))
+    with_copies = step_time(model, plan, net_input, target, link)
+    hidden = step_time(model, plan, net_input, target, link, replica_copies=False)
+    assert (hidden.forward, hidden.backward) == (with_copies.forward, with_copies.backward)
+    assert with_copies.extra - hidden.extra == pytest.approx(2 * (1e-5 + 4.0 * copied / 1e9))

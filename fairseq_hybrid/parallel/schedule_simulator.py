@@ -209,10 +209,14 @@ def _no_loss(*args):
 
 
 def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk_length: int = 0,
-              physical_devices: Optional[Sequence[int]] = None, transform=None) -> StepTime:
+              physical_devices: Optional[Sequence[int]] = None, transform=None,
+              replica_copies: bool = True) -> StepTime:
     """Predicted time of one step of ``model`` under ``plan``.  ``transform``:
     a function of the step's cells returning the cells to replay instead
-    (``hybrid`` and ``model`` mode; for what-if analyses of dependencies)."""
+    (``hybrid`` and ``model`` mode; for what-if analyses of dependencies).
+    ``replica_copies=False``: the replicas' parameter and gradient copies
+    cost nothing, as if wholly hidden behind the cells (a what-if: the
+    engine makes them before and after the cells today)."""
     params = {name: p.numel() for name, p in model.named_parameters()}
     if plan.mode == "data":
         built = build_data_parallel_step(model, plan, net_input, target, _no_loss)
@@ -238,7 +242,7 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
     workers = set(built.replica_workers)
     replica_devices = len({(physical_devices or list(range(plan.size)))[w] for w in workers}) - 1 if workers else 0
     extra = cost.step_overhead
-    if replica_devices > 0 and len(physical) > 1 and cost.link_bandwidth != float("inf"):
+    if replica_copies and replica_devices > 0 and len(physical) > 1 and cost.link_bandwidth != float("inf"):
         # parameters out to each other device and gradients back, one after another
         extra += 2 * replica_devices * (cost.link_latency + 4.0 * copied / cost.link_bandwidth)
     return StepTime(forward, backward, extra)
