@@ -33,12 +33,13 @@ SENTENCE_BUCKET = 8  # shapes whose sentence counts round up to the same multipl
 
 # Host seconds per cell call of the engine with K = 1 worker where the
 # arithmetic is negligible (scripts/bench_host_cost.py on a 2-core AMD EPYC,
-# docs/bench/host_cost.json): what a cell costs before any arithmetic.
+# Zen 4, docs/bench/host_cost.json, whole-sequence row): what a cell costs
+# before any arithmetic.
 MEASURED_HOST_SECONDS = {
-    "lstm/forward": 206e-6,
-    "lstm/backward": 322e-6,
-    "attention_softmax/forward": 587e-6,
-    "attention_softmax/backward": 269e-6,
+    "lstm/forward": 304e-6,
+    "lstm/backward": 413e-6,
+    "attention_softmax/forward": 848e-6,
+    "attention_softmax/backward": 382e-6,
 }
 
 
