@@ -27,7 +27,7 @@ Markdown table (``--out``, default ``work/gpu_check``) say what passed.
               over one exactness step per mode on groups of 2 and 4, the
               batch on the first device: the stream races it reports
 
-  python scripts/gpu_check.py                       # everything, about 5 minutes on one GPU
+  python scripts/gpu_check.py                       # everything; each phase under its limit (LIMITS)
   python scripts/gpu_check.py --phases speed --steps 3
   python scripts/gpu_check.py --device cpu --phases precision,speed --steps 2   # a smoke run without a GPU
 """
