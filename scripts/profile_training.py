@@ -124,6 +124,13 @@ def sgemm_gflops(threads: int, size: int = 1024, repeats: int = 20) -> float:
     return 2 * size ** 3 / best / 1e9
 
 
+LABELS = ("phase:", "part:", "Optimizer", "autograd::")  # our own record_function labels and wrappers, not ops
+
+
+def is_op(event) -> bool:
+    return not event.key.startswith(LABELS)
+
+
 PHASES = ("data", "forward+loss", "backward", "clip", "optimizer", "other")
 
 
@@ -194,8 +201,7 @@ def main(argv=None):
     timed(task, "train_step", "forward+loss+backward")
     timed(trainer, "clip_grad_norm", "clip")
     timed(trainer.optimizer, "step", "optimizer")
-    original_backward = trainer.optimizer.backward
-    trainer.optimizer.backward = lambda loss: _timed_call(phase_seconds, "backward", original_backward, loss)
+    timed(trainer.optimizer, "backward", "backward")
     handles = part_hooks(model)
 
     profiled_samples = []
@@ -244,7 +250,7 @@ def main(argv=None):
         print(f"{name:<24}{phases[name] / args.steps * 1000:>10.1f}{phases[name] / total:>8.1%}")
 
     events = prof.key_averages(group_by_input_shape=True)
-    ops = sorted((e for e in events if not e.key.startswith(("phase:", "part:", "Optimizer", "autograd::"))),
+    ops = sorted((e for e in events if is_op(e)),
                  key=lambda e: e.self_cpu_time_total, reverse=True)
     profiled_us = sum(e.self_cpu_time_total for e in events)
     op_rows = [{"op": e.key, "shapes": str(e.input_shapes)[:80], "calls_per_update": e.count / args.steps,
@@ -257,7 +263,7 @@ def main(argv=None):
 
     by_op = defaultdict(float)
     for e in prof.key_averages():
-        if not e.key.startswith(("phase:", "part:", "Optimizer", "autograd::")):
+        if is_op(e):
             by_op[e.key] += e.self_cpu_time_total
     op_totals = sorted(by_op.items(), key=lambda kv: kv[1], reverse=True)[: args.top]
     print(f"\n{'op (all shapes)':<40}{'ms/upd':>8}{'share':>7}")
@@ -308,14 +314,6 @@ def main(argv=None):
                        "heavy_at_sgemm_rate_ms": at_peak_ms,
                        "torch": torch.__version__}, f, indent=1)
         print(f"\nwrote {args.json}")
-
-
-def _timed_call(phase_seconds, phase, function, *args):
-    start = time.perf_counter()
-    with torch.profiler.record_function(f"phase: {phase}"):
-        result = function(*args)
-    phase_seconds[phase] += time.perf_counter() - start
-    return result
 
 
 if __name__ == "__main__":
