@@ -94,7 +94,7 @@ class _History:
     allocated on, the last write and the reads since, the streams that
     ``record_stream`` named."""
 
-    __slots__ = ("device", "allocated_on", "write", "reads", "recorded")
+    __slots__ = ("device", "allocated_on", "write", "reads", "recorded", "reused")
 
     def __init__(self, device: int, allocated_on: "VirtualStream"):
         self.device = device
@@ -102,6 +102,10 @@ class _History:
         self.write: Optional[Access] = None
         self.reads: Dict[int, Access] = {}  # by lane: the latest read of each (a lane's ops run in order)
         self.recorded: Set[int] = set()
+        # accesses of memory freed on this storage's stream that nothing
+        # ordered before the next allocation there: the first access of this
+        # storage, on whatever stream, must come after them
+        self.reused: List[Access] = []
 
 
 class VirtualStream:
@@ -346,7 +350,9 @@ class StreamChecker:
     def allocated(self, key: StorageWeakRef, device: int) -> None:
         """A storage first placed on ``device`` by the calling thread: it
         was allocated on that device's current stream."""
-        self._histories[key] = _History(device, self.current_stream(device))
+        history = self._histories[key] = _History(device, self.current_stream(device))
+        with self._lock:
+            history.reused = list(self._pending.get(history.allocated_on.id, ()))
 
     def freed(self, key: StorageWeakRef) -> None:
         """The caching allocator's rule: the memory goes to the next
@@ -381,6 +387,15 @@ class StreamChecker:
         site, cell = call_site(), _cell()
         me = Access(lane, step, stream, op, cell, site)
         with self._lock:  # two workers may read one storage (a parameter, the batch) at once
+            for key, tensor in list(read.items()) + list(written.items()):
+                history = self._histories.get(key)
+                if history is not None and history.reused:
+                    earlier, history.reused = history.reused, []
+                    for access in earlier:
+                        if clock.get(access.lane, 0) < access.step:
+                            self._race(f"memory freed and handed out again on {history.allocated_on}: "
+                                       f"{access.describe('used')}, without record_stream and not ordered before "
+                                       f"{op} in {cell} on {stream} at {site}, the new tensor's first use")
             for key, tensor in read.items():
                 if key in written:
                     continue

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from typing import NamedTuple
 
-from fairseq_hybrid.parallel import cell_graph, transfer, worker
+from fairseq_hybrid.parallel import cell_graph, replicas, transfer, worker
 
 
 class Mutation(NamedTuple):
@@ -45,6 +45,14 @@ MUTATIONS = [
              "stream.wait_stream(streams.default_stream(self.device))  # the caller's work comes first"),
     Mutation("job end wait", worker.Worker, "_run_job", "streams.default_stream(self.device).wait_stream(stream)"),
     Mutation("worker stream with", worker.Worker, "_run_job", "with streams.use_stream(stream):", "if True:"),
+    Mutation("prefetch event", replicas.Replicas, "prefetch", "self.ready[worker] = streams.record_event(device)",
+             "self.ready[worker] = None"),
+    Mutation("prefetch wait_event", replicas.Replicas, "on", "stream.wait_event(event)"),
+    Mutation("prefetch record_stream", replicas.Replicas, "on", "streams.record_stream(param.data, stream)"),
+    Mutation("prefetch read wait", replicas.Replicas, "reduce", "streams.current_stream(source).wait_event(event)"),
+    Mutation("prefetch stream with", replicas.Replicas, "prefetch", "with streams.use_stream(stream):", "if True:"),
+    Mutation("gradient send event", replicas.Replicas, "send", "made = streams.record_event(device)  # after the backward that made them",
+             "made = None"),
 ]
 
 

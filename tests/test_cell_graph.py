@@ -59,6 +59,34 @@ def test_stage_local_backward_hands_gradients_between_workers():
     torch.testing.assert_close(weight.grad, 2 * weight.detach())
 
 
+def test_a_hook_runs_once_its_last_cell_of_the_worker_has_run_backward():
+    """Worker 1 runs "early" then "late" forward, so backward "late" then
+    "early": the hook of both runs after "early", before worker 0's cell
+    (which waits for it) and on worker 1's thread."""
+    weight = torch.nn.Parameter(torch.tensor([2.0, 3.0]))
+    seen = []
+
+    def noting(name, run):
+        def cell(*args):
+            out = run(*args)
+            out[0].register_hook(lambda grad: seen.append(name))
+            return out
+        return cell
+
+    cells = [
+        Cell("bottom", 0, [], noting("bottom", lambda: (weight * torch.tensor([1.0, 1.0]),))),
+        Cell("early", 1, [(0, 0)], noting("early", lambda x: (x * 2,))),
+        Cell("late", 1, [(1, 0)], lambda x: ((x * x).sum(),)),
+    ]
+    hook = (lambda: seen.append(("hook", threading.current_thread().name)))
+    (total,), = run_cells(cells, WorkerGroup(CPU2), [2], after_last_backward=[((2, 1), hook)])
+    total.backward()
+    assert seen[:2] == ["early", ("hook", seen[1][1])] and "worker 1" in seen[1][1]
+    assert seen[2:] == ["bottom"]
+    with pytest.raises(ValueError, match="cells of one worker"):
+        run_cells(cells, WorkerGroup(CPU2), [2], after_last_backward=[((0, 1), hook)])
+
+
 def test_cell_times_are_recorded_per_worker(dictionaries):
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)

@@ -8,7 +8,8 @@ import torch
 from fairseq_hybrid.parallel.cell_graph import Cell, Work
 from fairseq_hybrid.parallel.device_plan import build_plan
 from fairseq_hybrid.parallel.placement_search import batch, twin_model
-from fairseq_hybrid.parallel.schedule_simulator import CostModel, fit, flops, replay, step_time
+from fairseq_hybrid.parallel.schedule_simulator import ReplicaCopy, CostModel, fit, flops, replay, step_time
+from fairseq_hybrid.parallel.step_cells import build_hybrid_step
 
 
 def test_fit_recovers_rate_per_step_and_fixed_costs():
@@ -55,17 +56,40 @@ def test_two_devices_predicted_faster_and_data_mode_cells_are_whole_models():
     torch.testing.assert_close(data.forward, one.forward / 2, rtol=1e-6, atol=0)
 
 
+def test_replica_copies_hold_up_the_first_cell_and_end_the_backward():
+    """A replica's parameters arrive before its first cell may start; its
+    gradients leave after its last cell's backward and the step waits for
+    them; nothing crosses a link between workers of one device."""
+    one = Work("gather", 1, (1,))  # 4 bytes: 1 s over the link
+    cells = [Cell("a", 0, [], None, one), Cell("b", 1, [], None, one), Cell("c", 1, [(0, 0)], None, one)]
+    cost = CostModel(rates={"gather/forward": float("inf"), "gather/backward": float("inf")},
+                     fixed={"gather/forward": 1.0, "gather/backward": 2.0}, link_bandwidth=4.0)
+    copy = ReplicaCopy(worker=1, home=0, cells=(1,), values=10)  # 40 bytes: 10 s
+    assert replay(cells, 2, cost) == (3.0, 5.0)
+    # forward: a 0..1, b waits for its parameters (10) 10..11, c 11..12;
+    # backward: c 0..2, b 2..4, its gradients 4..14, a 3..5
+    assert replay(cells, 2, cost, copies=[copy]) == (12.0, 14.0)
+    assert replay(cells, 2, cost, same_device=[0, 0], copies=[copy]) == replay(cells, 2, cost, same_device=[0, 0])
+    # two replicas of one master: their copies share its link (c's
+    # parameters 10..20, its gradients 2..12, then b's 12..22)
+    two = [copy, ReplicaCopy(worker=1, home=0, cells=(2,), values=10)]
+    assert replay(cells, 2, cost, copies=two) == (21.0, 22.0)
 
 
-def test_hidden_replica_copies_take_off_exactly_the_copies():
-    """The what-if of replica copies hidden behind the cells: the step loses
-    its parameter and gradient copies over the link and nothing else."""
+def test_a_step_prices_every_replica_the_engine_uses():
+    """Hybrid K=2: the attention-softmax replica and the reverse direction
+    of the bidirectional layer; hidden copies (the what-if) are never slower
+    and a free link costs nothing."""
     model, cfg = twin_model("hybrid_lstm_base", 8000)
     plan = build_plan("cpu,cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     net_input, target = batch(16, [10] * 16, 10)
-    link = CostModel(link_bandwidth=1e9, link_latency=1e-5)
-    copied = sum(p.numel() for name, p in model.named_parameters() if name.startswith("decoder.attention_softmax."))
-    with_copies = step_time(model, plan, net_input, target, link)
-    hidden = step_time(model, plan, net_input, target, link, replica_copies=False)
-    assert (hidden.forward, hidden.backward) == (with_copies.forward, with_copies.backward)
-    assert with_copies.extra - hidden.extra == pytest.approx(2 * (1e-5 + 4.0 * copied / 1e9))
+    built = build_hybrid_step(model, plan, net_input, target, None, 0)
+    names = {built.step.cells[use.cells[0]].name.split(" chunk")[0] for use in built.replica_uses}
+    assert names == {"attention-softmax shard 1", "encoder layer 0 reverse"}
+    slow = CostModel(link_bandwidth=1e8, link_latency=1e-5)
+    with_copies = step_time(model, plan, net_input, target, slow)
+    hidden = step_time(model, plan, net_input, target, slow, replica_copies=False)
+    assert hidden.total < with_copies.total
+    free = CostModel()
+    assert step_time(model, plan, net_input, target, free) == step_time(model, plan, net_input, target, free,
+                                                                        replica_copies=False)

@@ -27,11 +27,14 @@ SHOWN_ON = {
     "copy stream record_stream": ["cpu:0", "cpu:1"],
     "job start wait": ["cpu:0", "cpu:1"],
     "job end wait": ["cpu:0", "cpu:1"],
+    "prefetch event": ["cpu:0", "cpu:1"],
+    "prefetch wait_event": ["cpu:0", "cpu:1"],
+    "gradient send event": ["cpu:0", "cpu:1"],
 }
 # Lines no step of the engine reaches, each shown by a direct call instead.
-DIRECT = {"host read synchronize"}
+DIRECT = {"host read synchronize", "prefetch record_stream", "prefetch read wait"}  # (the last two: tests/test_replicas.py)
 # Lines whose removal is no race: what they buy is concurrency.
-NO_RACE = {"worker stream with"}
+NO_RACE = {"worker stream with", "prefetch stream with"}
 
 
 def test_every_mutation_has_a_test():

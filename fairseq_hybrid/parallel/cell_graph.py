@@ -126,7 +126,8 @@ class CellGraph:
 
     def __init__(self, cells: Sequence[Cell], group: WorkerGroup, seed: int,
                  after_backward: Callable[[], None] = lambda: None, timeout: float = DEFAULT_TIMEOUT,
-                 report_usage: Optional[Callable[[DeviceUsage], None]] = None):
+                 report_usage: Optional[Callable[[DeviceUsage], None]] = None,
+                 after_last_backward: Sequence[Tuple[Sequence[int], Callable[[], None]]] = ()):
         self.cells = list(cells)
         self.report_usage = report_usage
         self.busy = [0.0] * len(group.devices)  # each worker adds to its own entry
@@ -150,6 +151,14 @@ class CellGraph:
                     self.consumers[producer].append(index)
         self.grads: Dict[Ref, Dict[int, Tuple[Tensor, Optional[object]]]] = {}
         self.aborted = False
+        # hooks run on a worker right after the backward of the last of their
+        # cells (cells of one worker) to run there, the first in forward order
+        position = {index: place for order in self.orders for place, index in enumerate(order)}
+        self.hooks: Dict[int, List[Callable[[], None]]] = {}
+        for hooked, hook in after_last_backward:
+            if len({self.cells[index].worker for index in hooked}) != 1:
+                raise ValueError("a hook after the last backward of several cells needs cells of one worker")
+            self.hooks.setdefault(min(hooked, key=position.__getitem__), []).append(hook)
 
     # -- running -----------------------------------------------------------
 
@@ -256,6 +265,8 @@ class CellGraph:
                 self.grads.setdefault(ref, {})[index] = (leaf.grad, record_event(device))
         self.leaves[index] = None
         self.outputs[index] = None
+        for hook in self.hooks.get(index, ()):
+            hook()
         self.backward_done[index].set()
 
 
@@ -313,15 +324,18 @@ class _Boundary(torch.autograd.Function):
 def run_cells(
     cells: Sequence[Cell], group: WorkerGroup, results: Sequence[int], after_backward: Callable[[], None] = lambda: None,
     timeout: float = DEFAULT_TIMEOUT, report_usage: Optional[Callable[[DeviceUsage], None]] = None,
+    after_last_backward: Sequence[Tuple[Sequence[int], Callable[[], None]]] = (),
 ) -> List[Tuple[Tensor, ...]]:
     """Run ``cells`` on ``group`` and return the outputs of the cells
     ``results``.  Under grad mode their floating-point outputs carry the
     graph's backward, after which ``after_backward`` runs and then
     ``report_usage`` gets the step's :class:`DeviceUsage` (both on the
-    caller's thread, once every worker is done).  A phase that takes longer
+    caller's thread, once every worker is done).  ``after_last_backward``:
+    ``(cells, hook)`` pairs, each hook run on its cells' worker as soon as
+    the last of them has run backward there.  A phase that takes longer
     than ``timeout`` seconds raises :class:`.worker.WorkerTimeout`."""
     seed = int(torch.randint(0, 1 << 62, ()).item()) if torch.is_grad_enabled() else 0
-    graph = CellGraph(cells, group, seed, after_backward, timeout, report_usage)
+    graph = CellGraph(cells, group, seed, after_backward, timeout, report_usage, after_last_backward)
     graph.forward()
     refs = [(cell, position) for cell in results for position in range(len(graph.outputs[cell]))]
     if not torch.is_grad_enabled():

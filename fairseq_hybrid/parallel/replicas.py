@@ -7,26 +7,41 @@ bidirectional layer runs on the layer's partner device; each such worker
 gets a replica: a copy of the module whose parameters share the master's
 storage where the device is the same (every plain CPU device, or virtual
 devices on one GPU) and hold a fresh copy of the master's values
-otherwise, made through :func:`.transfer.arrive` (on CUDA on the worker's
-own copy stream, so the workers' copies do not queue behind each other).
+otherwise, made through :func:`.transfer.arrive`.
 
-Each replica collects its own ``.grad`` during its worker's backward, and
-:meth:`Replicas.reduce` adds them into the master's gradients in worker
-order, once every worker is done, so the sum is the same in every run.  A
-replica brought up to date for a new step starts without gradients, so a
-step that failed half-way (fairseq skips a batch that ran out of memory and
-goes on) leaves nothing behind for the next one.
+The copies stay off the step's critical path, the way DDP keeps its
+all-reduce off it (docs/design.md, "Replica copies"):
+
+* parameters: :meth:`Replicas.prefetch`, called by the main thread before
+  a step's jobs start, queues every replica's copy at once on a prefetch
+  stream of the replica's device; the worker's first use of the replica
+  (:meth:`Replicas.on`) waits for that copy's event, so the copy runs
+  while the device does its other cells (the encoder, for the
+  attention-softmax part);
+* gradients: :meth:`Replicas.send` is called by a worker right after the
+  backward of its last cell that used its replica, so the replica's
+  gradients travel to the master's device while the worker and the others
+  still run backward; :meth:`Replicas.reduce` then adds them into the
+  master's gradients in worker order, once every worker is done, so the sum
+  is the same in every run.
+
+A replica brought up to date for a new step starts without gradients and
+without anything sent, so a step that failed half-way (fairseq skips a
+batch that ran out of memory and goes on) leaves nothing behind for the
+next one.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 
-from .transfer import arrive
+from . import streams
+from .transfer import arrive, copies_done, prefetch_stream
 
 
 class Replicas:
@@ -35,17 +50,44 @@ class Replicas:
         self.make_copy = make_copy
         self.copies: Dict[int, nn.Module] = {}
         self.refreshed: Dict[int, object] = {}
+        self.ready: Dict[int, object] = {}  # worker -> event after its prefetched copies
+        self.sent: Dict[int, List[Optional[Tensor]]] = {}  # worker -> its gradients on the master's devices
+        self.read: Dict[int, List[Tuple[torch.device, object]]] = {}  # worker -> events after its prefetch read the master
+
+    def prefetch(self, worker: int, device: torch.device, step: object) -> None:
+        """Queue the copies that bring ``worker``'s replica up to date for
+        ``step`` on the calling thread's prefetch stream of ``device``;
+        the worker's first :meth:`on` of the step waits for them."""
+        stream = prefetch_stream(device)
+        with streams.use_stream(stream):
+            self._refresh(worker, device, step)
+            self.ready[worker] = streams.record_event(device)
+        sources = {master.device for master in self.master.parameters()} - {device}
+        self.read.setdefault(worker, []).extend((source, copies_done(source)) for source in sources)
 
     def on(self, worker: int, device: torch.device, step: object = None) -> nn.Module:
         """The replica for ``worker`` on ``device``, up to date with the
-        master's parameters and its train/eval mode (brought up to date, and
-        its gradients cleared, once per ``step`` when one is given)."""
+        master's parameters and its train/eval mode, ready for the calling
+        thread's current stream (brought up to date, and its gradients
+        cleared, once per ``step`` when one is given)."""
+        replica = self.copies.get(worker)
+        if replica is None or step is None or self.refreshed.get(worker) is not step:
+            return self._refresh(worker, device, step)
+        event = self.ready.pop(worker, None)
+        if event is not None:  # prefetched: wait for the copies, and keep their memory until this stream is done
+            stream = streams.current_stream(device)
+            stream.wait_event(event)
+            for param in replica.parameters():
+                streams.record_stream(param.data, stream)
+        return replica
+
+    def _refresh(self, worker: int, device: torch.device, step: object) -> nn.Module:
         replica = self.copies.get(worker)
         if replica is None:
             replica = self.copies[worker] = self.make_copy(self.master)
-        elif step is not None and self.refreshed.get(worker) is step:
-            return replica
         self.refreshed[worker] = step
+        self.ready.pop(worker, None)
+        self.sent.pop(worker, None)
         with torch.no_grad():
             for master, param in zip(self.master.parameters(), replica.parameters()):
                 param.grad = None
@@ -59,19 +101,40 @@ class Replicas:
         replica.train(self.master.training)
         return replica
 
-    def in_use(self, workers: List[int]) -> List[nn.Module]:
-        return [self.copies[worker] for worker in sorted(workers) if worker in self.copies]
+    def send(self, worker: int, device: torch.device) -> None:
+        """Start the copies of ``worker``'s replica gradients to the
+        master's devices (called on the worker once it is done with the
+        replica for the step); :meth:`reduce` adds them."""
+        replica = self.copies.get(worker)
+        if replica is None:
+            return
+        made = streams.record_event(device)  # after the backward that made them
+        sent = []
+        for master, param in zip(self.master.parameters(), replica.parameters()):
+            sent.append(None if param.grad is None else arrive(param.grad, master.device, made))
+            param.grad = None
+        self.sent[worker] = sent
 
     def reduce(self, workers: List[int]) -> None:
-        """Add the gradients of the replicas of ``workers`` into the master
-        (in worker order) and clear them."""
-        for replica in self.in_use(workers):
-            for master, param in zip(self.master.parameters(), replica.parameters()):
-                if param.grad is None:
-                    continue
-                grad = arrive(param.grad, master.device)
-                master.grad = grad.clone() if master.grad is None else master.grad.add_(grad)
+        """Add the gradients of the replicas of ``workers`` (sent, or still
+        on the replicas) into the master (in worker order) and clear them.
+        The calling thread's streams then come after the prefetches' reads
+        of the master, so the optimizer may write it."""
+        for worker in sorted(workers):
+            for source, event in self.read.pop(worker, ()):
+                if event is not None:
+                    streams.current_stream(source).wait_event(event)
+            replica = self.copies.get(worker)
+            if replica is None:
+                continue
+            sent = self.sent.pop(worker, None)
+            for index, (master, param) in enumerate(zip(self.master.parameters(), replica.parameters())):
+                grad = sent[index] if sent is not None else param.grad
                 param.grad = None
+                if grad is None:
+                    continue
+                grad = arrive(grad, master.device)
+                master.grad = grad.clone() if master.grad is None else master.grad.add_(grad)
 
 
 class ModelReplicas:

@@ -11,8 +11,13 @@ with the same dependencies gives the step's time without running it:
   device);
 * backward: the reverse order, a cell waiting for the gradients of all
   cells that read it;
-* plus the step's fixed cost outside the cells (optimizer, criterion glue)
-  and, for replicated parts, the copies of parameters and gradients.
+* replicated parts (:mod:`.replicas`): each replica's parameter copy
+  leaves its master's device when the step starts, one copy after another
+  on that device's link, and the replica's first cell waits for it; its
+  gradient copy leaves once the replica's last cell has run backward, one
+  after another on the link into the master's device, and the step ends
+  when the last one has arrived;
+* plus the step's fixed cost outside the cells (optimizer, criterion glue).
 
 Costs come from a :class:`CostModel`: floating-point operations per cell
 (from the cell's :class:`~.cell_graph.Work`) divided by a rate per kind of
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .cell_graph import Cell, CellTime, Work
 from .device_plan import DevicePlan, DevicePlanError
@@ -151,19 +156,32 @@ def samples_from_trace(trace: Sequence[CellTime]) -> List[Tuple[Work, str, float
 class StepTime:
     forward: float
     backward: float
-    extra: float  # outside the cells: step overhead, replica copies
+    extra: float  # outside the cells: the step overhead
 
     @property
     def total(self) -> float:
         return self.forward + self.backward + self.extra
 
 
+class ReplicaCopy(NamedTuple):
+    """A replica's copies for the simulator: ``worker`` runs ``cells`` on a
+    replica of ``values`` parameters whose master is on worker ``home``'s
+    device."""
+
+    worker: int
+    home: int
+    cells: Tuple[int, ...]
+    values: int
+
+
 def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device: Optional[Sequence[int]] = None,
-           cell_seconds=None) -> Tuple[float, float]:
+           cell_seconds=None, copies: Sequence[ReplicaCopy] = ()) -> Tuple[float, float]:
     """Forward and backward makespans of ``cells`` on ``num_workers``
     devices.  ``same_device[w]``: an id per worker; workers with the same
     id share a device (no link).  ``cell_seconds(cell, phase)`` overrides
-    the cost model (used for whole-model cells)."""
+    the cost model (used for whole-model cells).  ``copies``: the replicas'
+    parameter copies (before their first cell) and gradient copies (after
+    their last cell's backward), each on the link of its master's device."""
     same_device = list(same_device) if same_device is not None else list(range(num_workers))
     seconds = cell_seconds or (lambda cell, phase: cost.seconds(cell.work, phase))
     factor = cost.slowdown if num_workers > 1 else 1.0
@@ -173,11 +191,25 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
     def crosses(a: Cell, b: Cell) -> bool:
         return same_device[a.worker] != same_device[b.worker]
 
+    copies = [copy for copy in copies if same_device[copy.worker] != same_device[copy.home]]
+
+    def copy_seconds(copy: ReplicaCopy) -> float:
+        return cost.link_latency + BYTES_PER_VALUE * copy.values / cost.link_bandwidth
+
+    # parameters: queued at the start, one after another out of each master's device
+    not_before = [0.0] * len(cells)
+    link_free: Dict[int, float] = {}
+    for copy in copies:
+        source = same_device[copy.home]
+        link_free[source] = link_free.get(source, 0.0) + copy_seconds(copy)
+        for i in copy.cells:
+            not_before[i] = max(not_before[i], link_free[source])
+
     free = [0.0] * num_workers
     finish = [0.0] * len(cells)
     for i in order:
         cell = cells[i]
-        ready = 0.0
+        ready = not_before[i]
         for producer, _ in cell.inputs:
             arrival = finish[producer] + (cost.transfer(cell.work) if crosses(cells[producer], cell) else 0.0)
             ready = max(ready, arrival)
@@ -201,6 +233,13 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
         done[i] = max(ready, free[cell.worker]) + factor * seconds(cell, "backward")
         free[cell.worker] = done[i]
     backward = max(done, default=0.0)
+    # gradients: each sent once its replica's last cell is done, one after
+    # another into each master's device
+    link_free = {}
+    for sent, copy in sorted((max(done[i] for i in copy.cells), copy) for copy in copies):
+        destination = same_device[copy.home]
+        link_free[destination] = max(link_free.get(destination, 0.0), sent) + copy_seconds(copy)
+        backward = max(backward, link_free[destination])
     return forward, backward
 
 
@@ -215,9 +254,7 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
     a function of the step's cells returning the cells to replay instead
     (``hybrid`` and ``model`` mode; for what-if analyses of dependencies).
     ``replica_copies=False``: the replicas' parameter and gradient copies
-    cost nothing, as if wholly hidden behind the cells (a what-if: the
-    engine makes them before and after the cells today)."""
-    params = {name: p.numel() for name, p in model.named_parameters()}
+    cost nothing (a what-if: links that never hold up a cell)."""
     if plan.mode == "data":
         built = build_data_parallel_step(model, plan, net_input, target, _no_loss)
         single = DevicePlan([plan.devices[0]], [0] * len(plan.encoder), [0] * len(plan.decoder), "hybrid")
@@ -231,18 +268,16 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
                 shard_cost[rows.start] = replay(sub.step.cells, 1, cost)
             return shard_cost[rows.start][0 if phase == "forward" else 1]
 
-        forward, backward = replay(built.step.cells, plan.size, cost, physical_devices, whole_model)
-        copied = sum(params.values())
+        copies = replica_copies and _copies(built)
+        forward, backward = replay(built.step.cells, plan.size, cost, physical_devices, whole_model, copies or ())
     else:
         built = build_hybrid_step(model, plan, net_input, target, _no_loss, chunk_length)
         cells = transform(built.step.cells) if transform is not None else built.step.cells
-        forward, backward = replay(cells, plan.size, cost, physical_devices)
-        copied = sum(v for k, v in params.items() if k.startswith("decoder.attention_softmax."))
-    physical = set(physical_devices) if physical_devices is not None else set(range(plan.size))
-    workers = set(built.replica_workers)
-    replica_devices = len({(physical_devices or list(range(plan.size)))[w] for w in workers}) - 1 if workers else 0
-    extra = cost.step_overhead
-    if replica_copies and replica_devices > 0 and len(physical) > 1 and cost.link_bandwidth != float("inf"):
-        # parameters out to each other device and gradients back, one after another
-        extra += 2 * replica_devices * (cost.link_latency + 4.0 * copied / cost.link_bandwidth)
-    return StepTime(forward, backward, extra)
+        copies = replica_copies and _copies(built)
+        forward, backward = replay(cells, plan.size, cost, physical_devices, copies=copies or ())
+    return StepTime(forward, backward, cost.step_overhead)
+
+
+def _copies(built) -> List[ReplicaCopy]:
+    return [ReplicaCopy(use.worker, use.home, use.cells, sum(p.numel() for p in use.replicas.master.parameters()))
+            for use in built.replica_uses]

@@ -37,6 +37,7 @@ every worker.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -107,14 +108,30 @@ def _join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
     return torch.cat(list(parts), dim=1 if chunked else -1) if len(parts) > 1 else parts[0]
 
 
+class ReplicaUse(NamedTuple):
+    """The cells of one worker that run on its replica of a part; ``home``:
+    the worker whose device holds the part's master (where its parameters
+    come from and its gradients go)."""
+
+    replicas: Replicas
+    worker: int
+    cells: Tuple[int, ...]
+    home: int
+
+
 class BuiltStep(NamedTuple):
     step: StepBuilder
     results: List[int]  # the cells whose outputs are the shards' loss sums
-    replicas: Replicas  # of the attention-softmax part (data mode: of the whole model)
-    replica_workers: List[int]
-    # further replicas and the workers that use them (reverse directions
-    # of bidirectional layers on their partner device)
-    more_replicas: Tuple[Tuple[Replicas, Tuple[int, ...]], ...] = ()
+    # every replica the step uses, in the order of their first cells: of
+    # the attention-softmax part on the shard workers other than its
+    # master's, of reverse directions of bidirectional layers on their
+    # partner device, of the whole model (data mode) on workers other than
+    # the first
+    replica_uses: Tuple[ReplicaUse, ...] = ()
+
+
+def _uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[ReplicaUse]:
+    return [ReplicaUse(replicas, worker, tuple(indices), home) for worker, indices in sorted(cells.items())]
 
 
 class _Batch:
@@ -189,17 +206,20 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     as for the schedule simulator, which never runs the cells)."""
     step = StepBuilder(model, plan, replicas or ModelReplicas(model))
     batch = _Batch(model, plan, net_input, target, chunk_length, single_device_masks)
-    encoder_output, final_states, direction_replicas = _add_encoder(step, batch)
+    encoder_output, final_states, direction_uses = _add_encoder(step, batch)
     encoder_shards = _add_encoder_top(step, batch, encoder_output)
     decoder_chunks = _add_decoder(step, batch, final_states)
-    outputs, attention_replicas = _add_attention_softmax(step, batch, shard_loss, encoder_shards, decoder_chunks)
-    return BuiltStep(step, outputs, attention_replicas, batch.shard_workers, tuple(direction_replicas))
+    outputs, attention_uses = _add_attention_softmax(step, batch, shard_loss, encoder_shards, decoder_chunks)
+    # in the order the replicas are first needed: their parameter copies
+    # queue one behind the other on their master's device
+    uses = sorted(attention_uses + direction_uses, key=lambda use: min(use.cells))
+    return BuiltStep(step, outputs, tuple(uses))
 
 
 def _add_encoder(step: StepBuilder, batch: _Batch):
     """Source embedding and encoder layers (rows in length order); returns
     the top layer's output, every layer's final ``(h, c)`` refs and the
-    replicas of reverse directions that run away from their layer."""
+    uses of replicas of reverse directions that run away from their layer."""
     encoder, plan = step.model.encoder.stack, step.plan
     order, sorted_lengths, source_chunks = batch.order, batch.sorted_lengths, batch.source_chunks
     pick = batch.pick
@@ -216,7 +236,7 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                          Work("embedding", source_tokens, (encoder.embed_tokens.embedding_dim,)), chunks)
     below: LayerOutput = [[step.ref(embedding, chunk)] for chunk in chunks]
     final_states: List[Tuple[List[Ref], List[Ref]]] = []
-    direction_replicas = []
+    direction_uses: List[ReplicaUse] = []
     for layer, module in enumerate(encoder.layers):
         worker = plan.encoder[layer]
         if module.bidirectional:
@@ -229,7 +249,6 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                 if direction_worker != worker:
                     # the direction's weights live with the layer: a replica on the partner
                     replicas = step.replicas.direction(layer, reverse)
-                    direction_replicas.append((replicas, (direction_worker,)))
 
                 def run_direction(*parts, layer=layer, reverse=reverse, width=len(below[0]), master=master,
                                   replicas=replicas, worker=direction_worker, device=device):
@@ -250,6 +269,8 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                 mask = pick(lambda m, layer=layer, half=half: m.encoder[layer][order][..., half], device)
                 halves.append(step.add(name, direction_worker, [ref for chunk in below for ref in chunk],
                                        with_masks(mask, run_direction), work, chunks + ["h", "c"]))
+                if replicas is not None:
+                    direction_uses.append(ReplicaUse(replicas, direction_worker, (halves[-1],), worker))
             below = [[step.ref(half, chunk) for half in halves] for chunk in chunks]
             final_states.append(([step.ref(half, "h") for half in halves], [step.ref(half, "c") for half in halves]))
         else:
@@ -272,7 +293,7 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                 chunk_cells.append(previous)
             below = [[step.ref(cell, "out")] for cell in chunk_cells]
             final_states.append(([step.ref(previous, "h")], [step.ref(previous, "c")]))
-    return below, final_states, direction_replicas
+    return below, final_states, direction_uses
 
 
 def _add_encoder_top(step: StepBuilder, batch: _Batch, below: LayerOutput) -> int:
@@ -354,16 +375,18 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
 
 
 def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder_shards: int,
-                           decoder_chunks: List[int]) -> Tuple[List[int], Replicas]:
+                           decoder_chunks: List[int]) -> Tuple[List[int], List[ReplicaUse]]:
     """One cell per (batch shard, time chunk): the shard's device starts on
     a chunk as soon as the top decoder layer has produced it, with its own
-    replica of the attention-softmax parameters."""
+    replica of the attention-softmax parameters (the master's own worker
+    with the master)."""
     model, plan = step.model, step.plan
     encoder, decoder = model.encoder.stack, model.decoder.stack
     part = model.decoder.attention_softmax
     replicas = step.replicas.attention_softmax()
     master_worker = plan.decoder[0]
     outputs = []
+    replica_cells: Dict[int, List[int]] = {}
     for k, (rows, worker, shard) in enumerate(zip(batch.shards, batch.shard_workers, shard_names(len(batch.shards)))):
         device = plan.devices[worker]
         for c, chunk in enumerate(batch.target_chunks):
@@ -381,7 +404,9 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
             mask = batch.pick(lambda m, rows=rows, chunk=chunk: m.features[rows, chunk], device)
             outputs.append(step.add(f"attention-softmax {shard} chunk {c}", worker, inputs,
                                     with_masks(mask, run_shard), work))
-    return outputs, replicas
+            if worker != master_worker:
+                replica_cells.setdefault(worker, []).append(outputs[-1])
+    return outputs, _uses(replicas, replica_cells, master_worker)
 
 
 def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
@@ -417,21 +442,29 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
         work = Work("whole_model", rows.stop - rows.start, (rows.start, rows.stop))
         shard_masks = None if masks is None else [arrive(mask, device) for mask in masks.in_order(rows)]
         outputs.append(step.add(f"whole-model shard {worker}", worker, [], with_masks(shard_masks, run_shard), work))
-    return BuiltStep(step, outputs, whole_models, list(range(len(shards))))
+    return BuiltStep(step, outputs, tuple(_uses(whole_models, {worker: [outputs[worker]]
+                                                               for worker in range(1, len(shards))}, 0)))
 
 
 def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT,
              report_usage: Optional[Callable[[DeviceUsage], None]] = None) -> Tuple[Tensor, ...]:
     """Run the cells; return the shards' results added on the first shard's
-    device.  After the backward pass the replicas' gradients go to the
-    master parameters, and ``report_usage`` gets how busy each device was."""
+    device.  The replicas' parameter copies are queued before the jobs
+    start and each worker sends its replica's gradients as soon as its
+    last cell on that replica has run backward (:mod:`.replicas`); after
+    the backward pass they are added into the master parameters, and
+    ``report_usage`` gets how busy each device was."""
     step = built.step
-    reductions = ((built.replicas, tuple(built.replica_workers)),) + built.more_replicas
+    for use in built.replica_uses:
+        use.replicas.prefetch(use.worker, step.devices[use.worker], step)
+    sends = [(use.cells, partial(use.replicas.send, use.worker, step.devices[use.worker]))
+             for use in built.replica_uses]
 
     def reduce():
-        for replicas, workers in reductions:
-            replicas.reduce(list(workers))
+        masters = {id(use.replicas): use.replicas for use in built.replica_uses}
+        for key, replicas in masters.items():  # each master's replicas in worker order
+            replicas.reduce([use.worker for use in built.replica_uses if id(use.replicas) == key])
 
     results = run_cells(step.cells, worker_group(step.devices), built.results, after_backward=reduce,
-                        timeout=timeout, report_usage=report_usage)
+                        timeout=timeout, report_usage=report_usage, after_last_backward=sends)
     return sum_on(results, results[0][0].device)

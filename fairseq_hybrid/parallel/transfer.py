@@ -34,16 +34,37 @@ from . import streams
 _local = threading.local()
 
 
-def _copy_stream(source: torch.device):
-    """The calling thread's copy stream on ``source`` (one per thread and
-    source device, made once per stream scope: CUDA or one virtual checker)."""
-    streams_made: Dict[Tuple[object, int], object] = getattr(_local, "copy_streams", None) or {}
-    _local.copy_streams = streams_made
-    key = (streams.scope(source), source.index)
+def _thread_stream(device: torch.device, purpose: str):
+    """The calling thread's ``purpose`` stream on ``device`` (one per thread,
+    device and purpose, made once per stream scope: CUDA or one virtual
+    checker; None without streams)."""
+    streams_made: Dict[Tuple[object, int, str], object] = getattr(_local, "streams", None) or {}
+    _local.streams = streams_made
+    key = (streams.scope(device), device.index, purpose)
     if key not in streams_made:
-        streams_made[key] = streams.new_stream(source, f"copy stream of {threading.current_thread().name} "
-                                                       f"on {source}")
+        streams_made[key] = streams.new_stream(device, f"{purpose} stream of {threading.current_thread().name} "
+                                                       f"on {device}")
     return streams_made[key]
+
+
+def _copy_stream(source: torch.device):
+    """The calling thread's copy stream on ``source``."""
+    return _thread_stream(source, "copy")
+
+
+def copies_done(source: torch.device):
+    """An event after every copy from ``source`` that the calling thread
+    queued so far (None without streams): whoever writes the copied tensors
+    next waits for it."""
+    stream = _copy_stream(source)
+    return None if stream is None else stream.record_event()
+
+
+def prefetch_stream(device: torch.device):
+    """The calling thread's stream on ``device`` for copies made ahead of
+    their use (:meth:`.replicas.Replicas.prefetch`): a copy that arrives on
+    it holds up nothing on ``device`` until a reader waits for its event."""
+    return _thread_stream(device, "prefetch")
 
 
 def record_event(device: torch.device):
