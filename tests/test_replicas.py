@@ -86,3 +86,18 @@ def test_a_prefetch_without_its_ordering_is_caught(mutation, monkeypatch):
     apply(next(m for m in MUTATIONS if m.id == mutation), monkeypatch)
     with pytest.raises(StreamRace), virtual_devices():
         prefetched_steps(3)
+
+
+def test_steps_without_backward_keep_one_read_event_per_source():
+    """Validation steps prefetch and never reduce: what the next reduce
+    waits for does not grow with them."""
+    master = torch.nn.Linear(3, 2).to(HOME)
+    replicas = Replicas(master)
+    with virtual_devices() as harness:
+        for step in range(5):
+            replicas.prefetch(1, AWAY, step)
+            replicas.on(1, AWAY, step)
+        assert len(replicas.read[1]) == 1
+        replicas.reduce([1])
+        assert not replicas.read
+    assert harness.streams.races == []

@@ -34,6 +34,7 @@ next one.
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -52,7 +53,8 @@ class Replicas:
         self.refreshed: Dict[int, object] = {}
         self.ready: Dict[int, object] = {}  # worker -> event after its prefetched copies
         self.sent: Dict[int, List[Optional[Tensor]]] = {}  # worker -> its gradients on the master's devices
-        self.read: Dict[int, List[Tuple[torch.device, object]]] = {}  # worker -> events after its prefetch read the master
+        # worker -> {(master's device, thread): event after the thread's prefetch copies read the master}
+        self.read: Dict[int, Dict[Tuple[torch.device, int], object]] = {}
 
     def prefetch(self, worker: int, device: torch.device, step: object) -> None:
         """Queue the copies that bring ``worker``'s replica up to date for
@@ -62,8 +64,11 @@ class Replicas:
         with streams.use_stream(stream):
             self._refresh(worker, device, step)
             self.ready[worker] = streams.record_event(device)
-        sources = {master.device for master in self.master.parameters()} - {device}
-        self.read.setdefault(worker, []).extend((source, copies_done(source)) for source in sources)
+        # a copy stream runs its copies in order: the latest event of a thread's stream covers its
+        # earlier copies (a step without backward, such as validation, never reduces)
+        reads = self.read.setdefault(worker, {})
+        for source in {master.device for master in self.master.parameters()} - {device}:
+            reads[source, threading.get_ident()] = copies_done(source)
 
     def on(self, worker: int, device: torch.device, step: object = None) -> nn.Module:
         """The replica for ``worker`` on ``device``, up to date with the
@@ -121,7 +126,7 @@ class Replicas:
         The calling thread's streams then come after the prefetches' reads
         of the master, so the optimizer may write it."""
         for worker in sorted(workers):
-            for source, event in self.read.pop(worker, ()):
+            for (source, _), event in self.read.pop(worker, {}).items():
                 if event is not None:
                     streams.current_stream(source).wait_event(event)
             replica = self.copies.get(worker)
