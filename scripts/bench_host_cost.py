@@ -11,18 +11,28 @@ reports per cell, forward and backward:
 
 * ``cell_us``: the cell's own call (its module code and torch ops), from
   the engine's cell trace;
-* ``ops``: aten ops per cell (counted in a separate, untimed run) and
-  ``op_us``, the host cost of one small op on this machine, timed alone, so
-  ``ops x op_us`` is the share of torch dispatch;
+* ``ops``: aten ops per cell (counted in a separate run) and ``op_us``, the
+  host cost of one small op on this machine, timed alone, so ``ops x
+  op_us`` is the share of torch dispatch;
+* ``lstm_kernel_share``: the share of an LSTM cell's time spent in its one
+  LSTM kernel op (``mkldnn_rnn_layer`` forward, ``mkldnn_rnn_layer_backward``
+  on a CPU), from that same separate run, K = 1 (where every other op also
+  pays the counting mode's cost, so the share is if anything too low).  On
+  a CPU that op does the layer's work itself at a fixed cost of 150 us or
+  more even at hidden size 8 (oneDNN sets up its primitive); on a GPU the
+  same call queues a cuDNN kernel, whose host cost is not this one.
+  ``predict_speedups.py`` shows the prediction with and without it;
 * ``outside_cells_us_per_cell``: each worker's step time outside its
   cells' calls, per cell it ran: the engine's Python (inputs arriving,
   events, the graph's bookkeeping, hand-offs), waiting for other workers,
   and the step's work outside the cells (criterion glue, the boundary);
 * how the cell time grows when K worker threads share the GIL.
 
-The JSON (``--json``) holds ``host_us_per_cell`` per cell kind and phase,
-which ``scripts/predict_speedups.py --host-cost FILE`` uses in place of an
-assumed cost per cell call.
+The JSON (``--json``) holds a row of these per K and chunk length (and the
+machine's core count), which ``scripts/predict_speedups.py --host-cost
+FILE`` turns into host time per cell kind and phase in place of an assumed
+cost per cell call.  With fewer cores than workers (K = 4 on a 2-core
+machine) the cells also wait for a core, not only for the GIL.
 
     .venv/bin/python scripts/bench_host_cost.py --json docs/bench/host_cost.json
 
@@ -44,7 +54,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -132,21 +142,35 @@ def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int, 
     }
 
 
-def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Dict[str, float]:
-    """aten ops per cell (forward and backward calls together), by kind, on
+# the LSTM kernel ops as the dispatcher sees them on a CPU (oneDNN) and a GPU (cuDNN)
+LSTM_KERNELS = ("aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::_cudnn_rnn",
+                "aten::_cudnn_rnn_backward")
+
+
+def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """aten ops per cell (forward and backward calls together), by kind, and
+    the share of an LSTM cell's time inside its LSTM kernel op, by phase, on
     one device (a dispatch mode entered by every job)."""
     from fairseq_hybrid.parallel import thread_state
     from fairseq_hybrid.parallel.worker import current_worker
 
     counts: Dict[str, List[int]] = defaultdict(list)
     current = {}
+    kernel = defaultdict(float)  # (cell, phase) -> seconds inside LSTM kernel ops
 
     class PerCell(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             worker = current_worker()
-            if worker is not None and worker.cell is not None:
-                current[worker.cell] = current.get(worker.cell, 0) + 1
-            return func(*args, **(kwargs or {}))
+            if worker is None or worker.cell is None:
+                return func(*args, **(kwargs or {}))
+            current[worker.cell] = current.get(worker.cell, 0) + 1
+            if func.name() not in LSTM_KERNELS:
+                return func(*args, **(kwargs or {}))
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            phase = "backward" if worker.activity.endswith("(backward)") else "forward"
+            kernel[worker.cell, phase] += time.perf_counter() - start
+            return out
 
     hook = lambda: PerCell  # noqa: E731  (entered in every job)
     thread_state.register(hook)
@@ -154,6 +178,7 @@ def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Dict[str, fl
         model, criterion, sample = setup(1, chunk_length, sentences, length)
         one_step(model, criterion, sample)
         current.clear()
+        kernel.clear()
         with record_cell_times() as trace:
             one_step(model, criterion, sample)
     finally:
@@ -161,7 +186,13 @@ def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Dict[str, fl
     kinds = {entry.name: entry.work.kind if entry.work is not None else "other" for entry in trace}
     for name, count in current.items():  # forward and backward calls of the cell together
         counts[kinds.get(name, "other")].append(count)
-    return {kind: statistics.mean(values) for kind, values in counts.items()}
+    share = {}
+    for phase in ("forward", "backward"):
+        cells = [entry for entry in trace if entry.phase == phase and entry.work is not None
+                 and entry.work.kind == "lstm"]
+        share[f"lstm/{phase}"] = (sum(kernel[entry.name, phase] for entry in cells)
+                                  / sum(entry.end - entry.start for entry in cells))
+    return {kind: statistics.mean(values) for kind, values in counts.items()}, share
 
 
 def main(argv=None) -> int:
@@ -184,10 +215,11 @@ def main(argv=None) -> int:
             row = measure(k, chunk_length, args.steps, args.sentences, args.length, args.device)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    ops, kernel_share = ops_per_cell(0, args.sentences, args.length)
     report = {"machine": platform.processor() or platform.machine(), "device": args.device,
               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__,
-              "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops_per_cell(0, args.sentences, args.length),
-              "rows": rows}
+              "cores": os.cpu_count(), "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops,
+              "lstm_kernel_share_k1_whole": kernel_share, "rows": rows}
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -64,11 +64,14 @@ CHUNK_LENGTHS = (0, 25, 10, 5, 2)  # 0: K chunks
 GNMT_A100_TOKENS_PER_S = 83.2e3
 
 
-def host_fixed(path: Optional[str], k: int) -> Dict[str, float]:
+def host_fixed(path: Optional[str], k: int, lstm_kernel: bool = True) -> Dict[str, float]:
     """Seconds of host time per cell by kind and phase at ``k`` workers:
     the cell's own call plus the time outside cells per cell, from the
     host-cost benchmark's whole-sequence (default chunk) row for ``k``
-    (the nearest K measured)."""
+    (the nearest K measured).  ``lstm_kernel=False``: an LSTM cell's
+    kernel op (on a CPU, oneDNN doing the layer's work at a fixed cost of
+    its own; its share of the cell measured at K = 1) counted as one small
+    op instead, as if the call only queued a kernel."""
     if not path:
         return {f"{kind}/{phase}": 30e-6 for kind in KINDS for phase in PHASES}
     report = json.load(open(path))
@@ -79,6 +82,8 @@ def host_fixed(path: Optional[str], k: int) -> Dict[str, float]:
     for kind in KINDS:
         for phase in PHASES:
             cell = row["cell_us"].get(f"{kind}/{phase}", row["cell_us"].get(f"lstm/{phase}", 0.0))
+            if kind == "lstm" and not lstm_kernel:
+                cell = cell * (1.0 - report["lstm_kernel_share_k1_whole"][f"lstm/{phase}"]) + report["op_us"]
             fixed[f"{kind}/{phase}"] = (cell + outside) * 1e-6
     return fixed
 
@@ -238,15 +243,23 @@ def table(args) -> Dict:
         by_host = {}
         # the measured host time per cell of the group: from the benchmark's K = 4 row (what the
         # table above uses), or from its K = 1 and K = 2 rows, for a host whose cores are not shared
-        # (the K = 4 row runs four workers on the cores there are)
-        for label, host, row in (("0 (free host)", 0.0, 4), ("30 us", 30e-6, 4),
-                                 ("measured at K = 1 (one worker)", None, 1),
-                                 ("measured at K = 2 (two workers)", None, 2),
-                                 ("measured at K = 4 (four workers; the table above)", None, 4)):
-            if host is None and not args.host_cost:
+        # (the K = 4 row runs four workers on the cores there are); and with an LSTM cell's kernel
+        # op counted as one small op (the CPU's oneDNN call does the layer's work at a fixed cost of
+        # its own; a GPU's cuDNN call queues a kernel)
+        kernel_known = bool(args.host_cost) and "lstm_kernel_share_k1_whole" in json.load(open(args.host_cost))
+        for label, host, row, kernel in (
+                ("0 (free host)", 0.0, 4, True), ("30 us", 30e-6, 4, True),
+                ("measured at K = 1 (one worker)", None, 1, True),
+                ("measured at K = 2 (two workers)", None, 2, True),
+                ("measured at K = 4 (four workers; the table above)", None, 4, True),
+                ("measured at K = 1, LSTM kernel call as one op", None, 1, False),
+                ("measured at K = 2, LSTM kernel call as one op", None, 2, False)):
+            if host is None and not args.host_cost or not kernel and not kernel_known:
                 continue
-            fixed = host_fixed(args.host_cost, row) if host is None else {key: host for key in host_fixed(None, 4)}
-            fixed_one = host_fixed(args.host_cost, 1) if host is None else fixed
+            if host is None:
+                fixed, fixed_one = host_fixed(args.host_cost, row, kernel), host_fixed(args.host_cost, 1, kernel)
+            else:
+                fixed = fixed_one = {key: host for key in host_fixed(None, 4)}
             rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, step_us,
                                                                  args.one_device_tokens_per_s)
             cost, cost_one = cost_set(name, fixed, step_us, rate), cost_set(name, fixed_one, step_us, rate)

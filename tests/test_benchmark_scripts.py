@@ -90,6 +90,7 @@ def test_bench_host_cost_smoke(tmp_path):
         assert row["outside_cells_us_per_cell"] >= 0
     assert report["op_us"] > 0
     assert report["ops_per_cell_k1_whole"]["lstm"] > report["ops_per_cell_k1_whole"]["embedding"] > 0
+    assert all(0 < share < 1 for share in report["lstm_kernel_share_k1_whole"].values())
 
 
 def test_profile_training_smoke(binarized, tmp_path):

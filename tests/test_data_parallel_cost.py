@@ -49,7 +49,9 @@ def test_the_speedup_table(tmp_path):
     cell = {f"{kind}/{phase}": 50.0 for kind in ("lstm", "attention_softmax", "embedding", "gather")
             for phase in ("forward", "backward")}
     host.write_text(json.dumps({"rows": [{"k": k, "chunk_length": 0, "cell_us": cell,
-                                          "outside_cells_us_per_cell": 10.0} for k in (1, 2, 4)]}))
+                                          "outside_cells_us_per_cell": 10.0} for k in (1, 2, 4)],
+                                "op_us": 1.0, "lstm_kernel_share_k1_whole": {"lstm/forward": 0.5,
+                                                                             "lstm/backward": 0.5}}))
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "predict_speedups.py"), "--host-cost", str(host),
                     "--out", str(tmp_path)], check=True, capture_output=True, cwd=REPO)
     report = json.loads((tmp_path / "speedups.json").read_text())
@@ -61,3 +63,7 @@ def test_the_speedup_table(tmp_path):
     bounds = report["bounds"]
     assert bounds["hybrid K=4, no bidirectional layer"] > bounds["hybrid K=4"] > 1.0
     assert "| ddp K=4 |" in (tmp_path / "speedups.md").read_text()
+    # an LSTM cell's kernel op counted as one small op: less host time, a faster group
+    by_host = report["host_sensitivity"]["p100"]
+    assert (by_host["measured at K = 1, LSTM kernel call as one op"]["hybrid K=4"]
+            > by_host["measured at K = 1 (one worker)"]["hybrid K=4"])
