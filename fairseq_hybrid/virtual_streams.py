@@ -351,8 +351,10 @@ class StreamChecker:
         """A storage first placed on ``device`` by the calling thread: it
         was allocated on that device's current stream."""
         history = self._histories[key] = _History(device, self.current_stream(device))
-        with self._lock:
-            history.reused = list(self._pending.get(history.allocated_on.id, ()))
+        # no lock here: the harness calls this under its own lock, and the
+        # checker's lock, held in access(), may run a storage's finaliser
+        # that takes the harness's (a copy of a list is atomic under the GIL)
+        history.reused = list(self._pending.get(history.allocated_on.id, ()))
 
     def freed(self, key: StorageWeakRef) -> None:
         """The caching allocator's rule: the memory goes to the next
