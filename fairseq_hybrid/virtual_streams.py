@@ -304,12 +304,18 @@ class StreamChecker:
             pending = self._pending.pop(stream.id, ())
         clock = self._known(stream)
         clock[lane] = step
-        for access in pending:
-            if clock.get(access.lane, 0) < access.step:
-                self._race(f"memory freed and handed out again on {stream}: {access.describe('used')}, without "
-                           f"record_stream and not ordered before the next op on {stream}, "
-                           f"{self._thread().op} in {_cell()} at {call_site()}")
+        self._check_reuse(pending, clock, stream, f"the next op on {stream}, {self._thread().op} in {_cell()} "
+                                                 f"at {call_site()}")
         return clock, lane, step
+
+    def _check_reuse(self, freed: List[Access], clock: Clock, home: VirtualStream, what: str) -> None:
+        """The allocator's rule: accesses of memory freed on ``home`` that
+        ``record_stream`` did not name must be ordered before ``what``
+        (whose ``clock`` is given) uses the memory again."""
+        for access in freed:
+            if clock.get(access.lane, 0) < access.step:
+                self._race(f"memory freed and handed out again on {home}: {access.describe('used')}, without "
+                           f"record_stream and not ordered before {what}")
 
     # -- job hand-offs (thread_state) ----------------------------------------------
 
@@ -393,11 +399,8 @@ class StreamChecker:
                 history = self._histories.get(key)
                 if history is not None and history.reused:
                     earlier, history.reused = history.reused, []
-                    for access in earlier:
-                        if clock.get(access.lane, 0) < access.step:
-                            self._race(f"memory freed and handed out again on {history.allocated_on}: "
-                                       f"{access.describe('used')}, without record_stream and not ordered before "
-                                       f"{op} in {cell} on {stream} at {site}, the new tensor's first use")
+                    self._check_reuse(earlier, clock, history.allocated_on,
+                                      f"{op} in {cell} on {stream} at {site}, the new tensor's first use")
             for key, tensor in read.items():
                 if key in written:
                     continue
