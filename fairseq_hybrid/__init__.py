@@ -9,13 +9,19 @@ fairseq_hybrid``) registers with fairseq:
 * the ``ja_mecab`` tokeniser, for validation BLEU on Japanese output
   (``--eval-bleu-detok ja_mecab --eval-tokenized-bleu``),
 
-installs this package's changes to fairseq (:mod:`.fairseq_patches`:
+and installs this package's changes to fairseq (:mod:`.fairseq_patches`:
 safe checkpoint loading, checkpoints portable across machines, atomic
 checkpoint copies, clipping and ``--fp16`` for parameters on several
 devices, ``--patience`` kept in checkpoints, options a group cannot serve
-refused before training) and, with ``FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1``,
-turns on the virtual-device test harness.
+refused before training).
+
+The verification harness (:mod:`.harness`: virtual devices and streams,
+exactness helpers) is no part of the product: it is imported only when
+asked for, here by ``FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1``, which runs the
+whole process on virtual devices.
 """
+
+import os
 
 __version__ = "0.1.0"
 
@@ -23,8 +29,9 @@ from . import fairseq_patches  # noqa: E402
 
 fairseq_patches.install()
 
-from . import virtual_devices  # noqa: E402
-
-virtual_devices.enable_from_environment()
-
 from . import criterions, ja_mecab_bleu, models  # noqa: E402,F401
+
+if os.environ.get("FAIRSEQ_HYBRID_VIRTUAL_DEVICES", "") in ("1", "true", "yes"):
+    from .harness import virtual_devices
+
+    virtual_devices.enable_from_environment()

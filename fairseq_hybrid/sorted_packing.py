@@ -5,8 +5,8 @@ step at a time: on a CPU each step is a slice and a copy dispatched as ops of
 their own, on a GPU a kernel launch each, and their backward does the same
 again.  A cell of T time steps thus costs O(T) ops of host time in each
 direction, which for the hybrid engine's short chunks is most of the ops of
-an encoder cell (about 70 of its 110 for an 8-step chunk) and a floor under
-the cell's time on a GPU.  Here the packed order of a (lengths, width) pair
+an encoder cell (counts in docs/benchmarks.md) and a floor under the cell's
+time on a GPU.  Here the packed order of a (lengths, width) pair
 is an index made once on the host (and cached), and packing is one
 ``index_select`` of the batch-first rows, unpacking one ``index_copy`` into
 zeros, each with a one-op backward.  Both are copies: the values are those

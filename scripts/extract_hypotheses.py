@@ -20,13 +20,11 @@ source file), so no scoring runs on a test set with holes.
 """
 
 import argparse
-import os
 import re
 import sys
 
-sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
-from fairseq_hybrid.data.parallel_text import write_atomically  # noqa: E402
+from fairseq_hybrid.data.parallel_text import write_atomically
 
 _SEGMENT_SPACE = re.compile(r"(?<=[^\x00-\x7f]) | (?=[^\x00-\x7f])")
 

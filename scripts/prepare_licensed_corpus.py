@@ -27,9 +27,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
-from fairseq_hybrid.data.corpus_cleaning import (  # noqa: E402
+from fairseq_hybrid.data.corpus_cleaning import (
     DUPLICATE,
     REASONS,
     MisalignedFilesError,
@@ -39,7 +38,7 @@ from fairseq_hybrid.data.corpus_cleaning import (  # noqa: E402
     read_tsv,
     total_counts,
 )
-from fairseq_hybrid.data.parallel_text import write_atomically  # noqa: E402
+from fairseq_hybrid.data.parallel_text import write_atomically
 
 
 def mecab_words():

@@ -9,13 +9,11 @@ Writes ``OUT/{train,valid,test}.{ja,en}`` (one sentence a line, aligned) and
 import argparse
 import io
 import os
-import sys
 import tarfile
 
-sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
-from fairseq_hybrid.data.parallel_text import write_atomically  # noqa: E402
-from fairseq_hybrid.data.tatoeba import SENTENCES_MEMBER, read_ja_en, split_pairs  # noqa: E402
+from fairseq_hybrid.data.parallel_text import write_atomically
+from fairseq_hybrid.data.tatoeba import SENTENCES_MEMBER, read_ja_en, split_pairs
 
 
 def main(argv=None):

@@ -14,9 +14,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
-from fairseq_hybrid.data.parallel_text import (  # noqa: E402
+from fairseq_hybrid.data.parallel_text import (
     ParallelTextError,
     read_parallel,
     write_atomically,

@@ -10,7 +10,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import fairseq_hybrid  # noqa: E402,F401  (registers everything)
-from fairseq_hybrid.testing import StandInTask, build_model, make_dictionary, make_sample  # noqa: E402,F401
+from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample  # noqa: E402,F401
 
 FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
 BIN = os.path.dirname(sys.executable)

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO, run
 
-SCRIPTS = os.path.join(REPO, "scripts")
+BENCHMARKS = os.path.join(REPO, "benchmarks")
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ def test_bench_suite_smoke(binarized, tmp_path):
     included, with an odd batch count (each gloo rank must take the same
     number of steps, or the all-reduce waits forever)."""
     out = tmp_path / "bench"
-    run(sys.executable, os.path.join(SCRIPTS, "bench_suite.py"), binarized / "bin", "--batches", "3", "--rounds", "1",
+    run(sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), binarized / "bin", "--batches", "3", "--rounds", "1",
         "--max-tokens", "200", "--no-simulation", "--out", out, timeout=600)
     result = json.load(open(out / "bench.json"))
     assert len(result["systems"]) == 10
@@ -31,7 +31,7 @@ def test_bench_suite_smoke(binarized, tmp_path):
 
 
 def test_bench_suite_refuses_fewer_batches_than_processes(binarized):
-    result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "bench_suite.py"), str(binarized / "bin"),
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), str(binarized / "bin"),
                              "--batches", "1", "--devices", "2", "--no-simulation"], capture_output=True, text=True)
     assert result.returncode == 2 and "every one of the K gloo processes needs at least one timed batch" in result.stderr
 
@@ -43,7 +43,7 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     chunk sweep with auto, the prediction from them); the JSON and the table
     are written."""
     out = tmp_path / "out"
-    run(sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--device", "cpu", "--phases",
+    run(sys.executable, os.path.join(BENCHMARKS, "gpu_check.py"), "--device", "cpu", "--phases",
         "precision,calibrate,streams", "--updates", "2", "--steps", "2", "--out", out, "--work", tmp_path / "work",
         timeout=600)
     report = json.load(open(out / "gpu_check.json"))
@@ -69,7 +69,7 @@ def test_bench_translate_smoke(trained, tmp_path):
     text = tmp_path / "input.ja"
     text.write_text("彼は医者です。\n\nこれ以上考えても無駄だ。\n", encoding="utf-8")
     out = tmp_path / "bench"
-    run(sys.executable, os.path.join(SCRIPTS, "bench_translate.py"), "--run", work / "tiny", "--input", text,
+    run(sys.executable, os.path.join(BENCHMARKS, "bench_translate.py"), "--run", work / "tiny", "--input", text,
         "--lines", "3", "--rounds", "1", "--beam", "2", "--skip", "buffer 1", "--out", out, timeout=600)
     report = json.load(open(out / "translate.json"))
     assert [row["system"] for row in report["rows"]] == ["fairseq-interactive, buffer 64", "translate.sh, buffer 64"]
@@ -81,7 +81,7 @@ def test_bench_host_cost_smoke(tmp_path):
     """Host time per cell where arithmetic is negligible: a row per K with
     each kind's cell time, the cost of one op, and ops per cell."""
     out = tmp_path / "host.json"
-    run(sys.executable, os.path.join(SCRIPTS, "bench_host_cost.py"), "--groups", "1,2", "--chunk-lengths", "0",
+    run(sys.executable, os.path.join(BENCHMARKS, "bench_host_cost.py"), "--groups", "1,2", "--chunk-lengths", "0",
         "--steps", "1", "--json", out, timeout=300)
     report = json.load(open(out))
     assert [row["k"] for row in report["rows"]] == [1, 2]
@@ -98,7 +98,7 @@ def test_profile_training_smoke(binarized, tmp_path):
     ops with the most self time, the FLOP rates of the heavy work beside the
     machine's sgemm rate."""
     out = tmp_path / "profile.json"
-    run(sys.executable, os.path.join(SCRIPTS, "profile_training.py"), binarized / "bin", "--warmup", "1", "--steps",
+    run(sys.executable, os.path.join(BENCHMARKS, "profile_training.py"), binarized / "bin", "--warmup", "1", "--steps",
         "2", "--top", "5", "--json", out, timeout=300)
     report = json.load(open(out))
     phases = report["phases_ms_per_update"]
@@ -114,7 +114,7 @@ def test_bench_one_device_runs_the_baseline_from_its_own_tree(binarized, tmp_pat
     """The side-by-side speed of one device: the baseline commit's
     fairseq_hybrid, exported, and this checkout's, in alternating runs."""
     out = tmp_path / "one_device.json"
-    result = run(sys.executable, os.path.join(SCRIPTS, "bench_one_device.py"), binarized / "bin", "--baseline",
+    result = run(sys.executable, os.path.join(BENCHMARKS, "bench_one_device.py"), binarized / "bin", "--baseline",
                  "HEAD", "--rounds", "1", "--steps", "2", "--warmup", "1", "--json", out, timeout=300)
     report = json.load(open(out))
     assert len(report["rounds"]) == 1 and report["rounds"][0]["baseline_ms"] > 0 and report["median_speedup"] > 0

@@ -6,11 +6,11 @@ import pytest
 
 from conftest import StandInTask, build_model
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.exactness import check_equal, loss_and_grads, single_and_group
-from fairseq_hybrid.parallel.chunk_choice import ChunkLengthChooser, candidate_lengths, default_cost_model
+from fairseq_hybrid.harness.exactness import check_equal, loss_and_grads, single_and_group
+from fairseq_hybrid.planning.chunk_choice import ChunkLengthChooser, candidate_lengths, default_cost_model
 from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan, chunk_length_option
-from fairseq_hybrid.parallel.placement_search import batch, twin_model
-from fairseq_hybrid.parallel.schedule_simulator import CostModel
+from fairseq_hybrid.planning.twin_model import batch, twin_model
+from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 
 def test_the_option_takes_a_count_or_auto_as_text_or_int():

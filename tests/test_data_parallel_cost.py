@@ -1,6 +1,6 @@
 """Plain data parallelism in the simulator's terms (the yardstick:
-fairseq_hybrid/parallel/data_parallel_cost.py), and the speed-up table of
-scripts/predict_speedups.py."""
+fairseq_hybrid/planning/data_parallel_cost.py), and the speed-up table of
+benchmarks/predict_speedups.py."""
 
 import json
 import os
@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from conftest import REPO
-from fairseq_hybrid.parallel.data_parallel_cost import (ring_allreduce_seconds, overlapped_backward,
+from fairseq_hybrid.planning.data_parallel_cost import (ring_allreduce_seconds, overlapped_backward,
                                                         data_parallel_step, speedup)
-from fairseq_hybrid.parallel.schedule_simulator import CostModel, StepTime
+from fairseq_hybrid.planning.schedule_simulator import CostModel, StepTime
 
 LINK = CostModel(link_bandwidth=10e9, link_latency=10e-6)
 
@@ -52,7 +52,7 @@ def test_the_speedup_table(tmp_path):
                                           "outside_cells_us_per_cell": 10.0} for k in (1, 2, 4)],
                                 "op_us": 1.0, "lstm_kernel_share_k1_whole": {"lstm/forward": 0.5,
                                                                              "lstm/backward": 0.5}}))
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "predict_speedups.py"), "--host-cost", str(host),
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "predict_speedups.py"), "--host-cost", str(host),
                     "--out", str(tmp_path)], check=True, capture_output=True, cwd=REPO)
     report = json.loads((tmp_path / "speedups.json").read_text())
     for name in ("p100", "a100"):

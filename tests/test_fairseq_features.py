@@ -84,7 +84,7 @@ def test_ensemble_of_a_single_device_and_a_group_checkpoint(binarized, tmp_path)
     group: fairseq-generate --path a.pt:b.pt, fairseq-interactive on raw
     Japanese with --path a.pt:b.pt, and the hub interface
     (load_translator(checkpoint="a.pt:b.pt")), which holds both models."""
-    from fairseq_hybrid.hub import load_translator
+    from fairseq_hybrid.translation.hub import load_translator
 
     train(binarized, tmp_path / "one", "6", "--lr", "0.005")
     train(binarized, tmp_path / "group", "6", "--lr", "0.005", "--seed", "4", "--hybrid-devices", "cpu,cpu")

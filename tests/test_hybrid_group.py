@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import build_model
-from fairseq_hybrid.exactness import LAYERS
+from fairseq_hybrid.harness.exactness import LAYERS
 from fairseq_hybrid.parallel.device_plan import DevicePlanError
 
 

@@ -1,11 +1,16 @@
 """The import structure stays a house a newcomer can read: no module of
 ``fairseq_hybrid`` imports another that imports it back (imports inside
 functions count), the engine (``parallel/``) never imports the model
-(``models/``), and nothing shipped or scripted imports from ``tests/``."""
+(``models/``), no product module imports the harness (``harness/``), which
+is loaded only when asked for, the planner (``planning/``) uses the
+engine only through its face, and nothing shipped or scripted imports from
+``tests/`` or edits ``sys.path``."""
 
 import ast
 import os
 import re
+import subprocess
+import sys
 
 from conftest import REPO
 
@@ -80,6 +85,46 @@ def test_no_import_cycles_and_the_engine_never_imports_the_model():
     assert not back, f"the engine imports the model: {back}"
 
 
+def import_graph():
+    modules = package_modules()
+    return {name: imported(path, name, modules) for name, path in modules.items()}
+
+
+def test_no_product_module_imports_the_harness():
+    harness = "fairseq_hybrid.harness"
+    offenders = sorted((name, target) for name, targets in import_graph().items()
+                       if not name.startswith(harness) and name != "fairseq_hybrid"
+                       for target in targets if target.startswith(harness))
+    assert not offenders, f"product modules import the harness: {offenders}"
+    # the package's own __init__ imports it only under its environment variable
+    init = open(os.path.join(PACKAGE, "__init__.py")).read()
+    tree = ast.parse(init)
+    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert not any("harness" in (node.module or "") for node in top_level if isinstance(node, ast.ImportFrom))
+
+
+def test_the_harness_is_loaded_only_when_asked_for():
+    probe = "import sys, fairseq_hybrid; print(sorted(m for m in sys.modules if m.startswith('fairseq_hybrid.harness')))"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FAIRSEQ_HYBRID_")}
+    plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    assert plain.stdout.strip() == "[]"
+    asked = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True,
+                           env={**env, "FAIRSEQ_HYBRID_VIRTUAL_DEVICES": "1"})
+    assert "fairseq_hybrid.harness.virtual_devices" in asked.stdout
+
+
+def test_the_planner_uses_the_engine_only_through_its_face():
+    offenders = sorted((name, target) for name, targets in import_graph().items()
+                       if name.startswith("fairseq_hybrid.planning")
+                       for target in targets if target.startswith("fairseq_hybrid.parallel.")
+                       or target in ("fairseq_hybrid.hybrid_group", "fairseq_hybrid.models"))
+    assert not offenders, f"the planner reaches into the engine: {offenders}"
+    engine = sorted((name, target) for name, targets in import_graph().items()
+                    if name.startswith("fairseq_hybrid.parallel")
+                    for target in targets if target.startswith(("fairseq_hybrid.planning", "fairseq_hybrid.hybrid_group")))
+    assert not engine, f"the engine imports the planner or the group: {engine}"
+
+
 def test_the_checker_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "a.py"
     source.write_text("def f():\n    from .b import thing\n    from . import c\n")
@@ -90,7 +135,7 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
 
 def test_nothing_outside_tests_imports_from_tests():
     offenders = []
-    for folder in ("fairseq_hybrid", "scripts", "recipes"):
+    for folder in ("fairseq_hybrid", "scripts", "benchmarks", "recipes"):
         for root, _, files in os.walk(os.path.join(REPO, folder)):
             for name in files:
                 if not name.endswith(".py"):
@@ -107,16 +152,21 @@ def test_nothing_outside_tests_imports_from_tests():
     assert not offenders, offenders
 
 
-def test_scripts_share_code_only_through_their_shared_module():
-    """An entry script under scripts/ imports no other entry script: what
-    they share lives in scripts/benchmarking.py."""
-    folder = os.path.join(REPO, "scripts")
-    scripts = {name[:-3] for name in os.listdir(folder) if name.endswith(".py")}
+def test_scripts_import_the_installed_package_not_each_other():
+    """An entry script under scripts/ or benchmarks/ imports no other entry
+    script (what they share is the package's, ``fairseq_hybrid.harness.measuring``)
+    and never edits ``sys.path``."""
     offenders = []
-    for name in sorted(scripts):
-        tree = ast.parse(open(os.path.join(folder, name + ".py")).read())
-        for node in ast.walk(tree):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            offenders += [f"{name} imports {n}" for n in names if n in scripts - {"benchmarking", name}]
+    for folder in ("scripts", "benchmarks"):
+        path = os.path.join(REPO, folder)
+        scripts = {name[:-3] for name in os.listdir(path) if name.endswith(".py")}
+        for name in sorted(scripts):
+            text = open(os.path.join(path, name + ".py")).read()
+            for node in ast.walk(ast.parse(text)):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                offenders += [f"{folder}/{name} imports {n}" for n in names if n in scripts - {name}
+                              or n == "benchmarking"]
+            if re.search(r"sys\.path\.(insert|append)\(", text):
+                offenders.append(f"{folder}/{name} edits sys.path")
     assert not offenders, offenders

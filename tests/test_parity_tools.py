@@ -1,6 +1,6 @@
 """The two tools behind the README's BLEU-parity section:
-``scripts/check_exactness.py`` (one step of a group against one device on
-real batches) and ``scripts/bleu_parity.py`` (BLEU of several seeds per
+``benchmarks/check_exactness.py`` (one step of a group against one device on
+real batches) and ``benchmarks/bleu_parity.py`` (BLEU of several seeds per
 side, summarised)."""
 
 import json
@@ -10,13 +10,13 @@ import sys
 
 from conftest import REPO, run
 
-SCRIPTS = os.path.join(REPO, "scripts")
+BENCHMARKS = os.path.join(REPO, "benchmarks")
 
 
 def test_check_exactness_on_real_batches_with_dropout(binarized):
     """With the single-device masks, a 2-device group's gradients on real
     batches differ from one device's only by rounding; the script says so."""
-    result = run(sys.executable, os.path.join(SCRIPTS, "check_exactness.py"), binarized / "bin",
+    result = run(sys.executable, os.path.join(BENCHMARKS, "check_exactness.py"), binarized / "bin",
                  "--arch", "hybrid_lstm_tiny", "--devices", "cpu,cpu", "--dropout", "0.3",
                  "--dropout-masks", "single-device", "--batches", "2", "--max-tokens", "400")
     rows = re.findall(r"^\s+\d+\s+\d+ \|(.*)\|(.*)$", result.stdout, re.MULTILINE)
@@ -46,7 +46,7 @@ def test_bleu_parity_report(tmp_path):
     write_run(work / "parity" / "group_seed2", 6.5, 23.0, 22.0)
     write_run(work / "parity" / "group-hybrid-dropout-masks-single-device_seed1", 1.0, 1.0, 1.0)
     out = tmp_path / "out"
-    result = run(sys.executable, os.path.join(SCRIPTS, "bleu_parity.py"), "--report-only", "--seeds", "1,2,3",
+    result = run(sys.executable, os.path.join(BENCHMARKS, "bleu_parity.py"), "--report-only", "--seeds", "1,2,3",
                  "--work-dir", work, "--out", out)
     report = json.load(open(out / "group.json"))
     one, group = report["summary"]["one"], report["summary"]["group"]
@@ -60,6 +60,6 @@ def test_bleu_parity_report(tmp_path):
     assert "(mean -0.25, standard error 0.75)" in open(out / "group.md").read()
 
     # The group side with other options reads its own runs.
-    run(sys.executable, os.path.join(SCRIPTS, "bleu_parity.py"), "--report-only", "--seeds", "1",
+    run(sys.executable, os.path.join(BENCHMARKS, "bleu_parity.py"), "--report-only", "--seeds", "1",
         "--group-args", "--hybrid-dropout-masks single-device", "--work-dir", work, "--out", out)
     assert json.load(open(out / "group-hybrid-dropout-masks-single-device.json"))["paired"]["group"]["BLEU differences"] == [-4.0]

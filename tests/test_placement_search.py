@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from conftest import build_model, make_dictionary
-from fairseq_hybrid.exactness import check_equal
+from fairseq_hybrid.harness.exactness import check_equal
 from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan
-from fairseq_hybrid.parallel.placement_search import batch, best_placement, placements, twin_model
-from fairseq_hybrid.parallel.schedule_simulator import CostModel, step_time
+from fairseq_hybrid.planning.placement_search import best_placement, placements
+from fairseq_hybrid.planning.twin_model import batch, twin_model
+from fairseq_hybrid.planning.schedule_simulator import CostModel, step_time
 
 
 def test_auto_placement_is_no_slower_than_the_default_and_stays_exact(dictionaries):

@@ -5,8 +5,8 @@ import torch
 
 from fairseq_hybrid.parallel import streams
 from fairseq_hybrid.parallel.replicas import Replicas
-from fairseq_hybrid.virtual_devices import virtual_devices
-from fairseq_hybrid.virtual_streams import StreamRace
+from fairseq_hybrid.harness.virtual_devices import virtual_devices
+from fairseq_hybrid.harness.virtual_streams import StreamRace
 from stream_mutations import MUTATIONS, apply
 
 HOME, AWAY = torch.device("cpu", 0), torch.device("cpu", 1)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import BIN, USER_DIR, run
-from fairseq_hybrid.launch import parse, process_arguments, torchrun_command
+from fairseq_hybrid.commands.train import parse, process_arguments, torchrun_command
 
 TINY = ["--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
         "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "600", "--no-epoch-checkpoints", "--seed", "3",

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import StandInTask
-from fairseq_hybrid.exactness import loss_and_grads, single_and_group
+from fairseq_hybrid.harness.exactness import loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 
 

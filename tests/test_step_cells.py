@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import StandInTask, build_model, make_sample
-from fairseq_hybrid.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
+from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.device_plan import build_plan
 from fairseq_hybrid.parallel.step_cells import build_hybrid_step, time_chunks

@@ -1,15 +1,15 @@
 """Every ordering line of the engine guards something: removed, the virtual
-stream checker raises (fairseq_hybrid.virtual_streams).  One test per line
+stream checker raises (fairseq_hybrid.harness.virtual_streams).  One test per line
 (tests/stream_mutations.py lists them; docs/gpu.md says what each guards),
 plus the checker's own rules on hand-made streams."""
 
 import pytest
 import torch
 
-from fairseq_hybrid.exactness import check_equal
+from fairseq_hybrid.harness.exactness import check_equal
 from fairseq_hybrid.parallel import streams, transfer
-from fairseq_hybrid.virtual_devices import virtual_devices
-from fairseq_hybrid.virtual_streams import StreamRace
+from fairseq_hybrid.harness.virtual_devices import virtual_devices
+from fairseq_hybrid.harness.virtual_streams import StreamRace
 from stream_mutations import MUTATIONS, apply
 
 # The one configuration in which each removal shows (a one-step exactness

@@ -1,6 +1,6 @@
 """Translating any input: line N out is the translation of line N in,
 whatever the bytes, from the shell (recipes/tatoeba_ja_en/translate.sh)
-and from Python (fairseq_hybrid.hub).
+and from Python (fairseq_hybrid.translation.hub).
 
 The model is the fixture run's hybrid_lstm_tiny with every weight drawn
 afresh from N(0, 1) (seeded): a dozen training updates leave the tiny
@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from conftest import FIXTURE, REPO
-from fairseq_hybrid.line_input import clean_line, clean_lines, read_lines
-from fairseq_hybrid.line_translation import LineTranslator, split_pieces
+from fairseq_hybrid.translation.line_input import clean_line, clean_lines, read_lines
+from fairseq_hybrid.translation.line_translation import LineTranslator, split_pieces
 
 SCRIPT = os.path.join(REPO, "recipes", "tatoeba_ja_en", "translate.sh")
 BEAM = 2
@@ -85,14 +85,14 @@ def random_run(trained):
 
 @pytest.fixture(scope="module")
 def hub(random_run):
-    from fairseq_hybrid.hub import load_translator
+    from fairseq_hybrid.translation.hub import load_translator
 
     return load_translator(str(random_run), beam=BEAM).double()
 
 
 @pytest.fixture(scope="module")
 def hub32(random_run):
-    from fairseq_hybrid.hub import load_translator
+    from fairseq_hybrid.translation.hub import load_translator
 
     return load_translator(str(random_run), beam=BEAM)
 
@@ -208,7 +208,7 @@ def fails_on_the_word(monkeypatch):
 
 def test_a_line_that_fails_is_named_and_empty_and_the_others_are_translated(
         random_run, hub32, fails_on_the_word, monkeypatch, capsys):
-    from fairseq_hybrid import translate
+    from fairseq_hybrid.commands import translate
 
     good = fixture_sentences()[7:10]
     data = "\n".join([good[0], "an unlucky line", good[1], good[2]]).encode() + b"\n"
@@ -227,7 +227,7 @@ def test_a_line_that_fails_is_named_and_empty_and_the_others_are_translated(
 
 def test_the_hub_logs_a_line_that_fails_and_gives_a_blank(hub, alone, fails_on_the_word, caplog):
     texts = [SENTENCE, "unlucky", "明日は雨です。"]
-    with caplog.at_level(logging.WARNING, logger="fairseq_hybrid.hub"):
+    with caplog.at_level(logging.WARNING, logger="fairseq_hybrid.translation.hub"):
         assert hub.translate(texts) == [alone(SENTENCE), "", alone("明日は雨です。")]
     assert "line 2: not translated: RuntimeError" in caplog.text
 
@@ -329,3 +329,20 @@ def test_an_over_long_test_sentence_does_not_stop_the_scoring_step(trained, tmp_
     assert f"line 6: {len(source[5].split())} tokens" in result.stderr
     assert "translated from its first 1023 tokens" in result.stderr
     assert (tmp_path / "out" / "score.json").exists()
+
+
+def test_the_hub_keeps_fairseqs_info_lines_off_a_python_users_console(random_run, caplog):
+    """fairseq logs a batch iterator's making at INFO on every call; a
+    Python user who turned INFO on for their own code sees none of it,
+    and the ``fairseq`` logger's own level is left as it was."""
+    import logging
+
+    from fairseq_hybrid.translation.hub import load_translator
+
+    caplog.set_level(logging.INFO)
+    translator = load_translator(str(random_run), beam=BEAM)
+    translator.translate_lines(fixture_sentences()[:2])
+    chatter = [record.getMessage() for record in caplog.records
+               if record.name.startswith("fairseq.") and record.levelno < logging.WARNING]
+    assert not chatter, chatter[:3]
+    assert logging.getLogger("fairseq").level == logging.NOTSET

@@ -1,6 +1,6 @@
 """Using a trained run: checkpoint averaging, translating from the shell
 (recipes/tatoeba_ja_en/translate.sh) and from Python
-(fairseq_hybrid.hub.load_translator), on a small run over the shipped
+(fairseq_hybrid.translation.hub.load_translator), on a small run over the shipped
 Tatoeba fixture laid out as the recipe lays out its work folder."""
 
 import os
@@ -13,7 +13,7 @@ import torch
 from conftest import REPO, run
 
 pytestmark = pytest.mark.slow
-AVERAGE = [sys.executable, "-m", "fairseq_hybrid.average"]
+AVERAGE = [sys.executable, "-m", "fairseq_hybrid.commands.average"]
 
 
 def test_averaging(trained, tmp_path):
@@ -56,7 +56,7 @@ def test_translate_from_the_shell(trained):
 
 
 def test_translate_from_python(trained, tmp_path):
-    from fairseq_hybrid.hub import find_checkpoint, load_translator
+    from fairseq_hybrid.translation.hub import find_checkpoint, load_translator
 
     work, _, _ = trained
     assert find_checkpoint(str(work / "tiny")).endswith("checkpoint_best.pt")

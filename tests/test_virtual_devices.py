@@ -1,5 +1,5 @@
 """The hybrid group on virtual devices: CPU devices cpu:0, cpu:1, ... that
-behave like distinct GPUs (fairseq_hybrid.virtual_devices).  The harness
+behave like distinct GPUs (fairseq_hybrid.harness.virtual_devices).  The harness
 itself, the exactness suite under it, and regression tests for what only
 distinct devices show: a bidirectional layer's reverse direction running
 away from its weights, gradient clipping and --fp16 across devices."""
@@ -10,8 +10,8 @@ import torch
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.device_plan import MODES
-from fairseq_hybrid.virtual_devices import virtual_devices
-from fairseq_hybrid.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads
+from fairseq_hybrid.harness.virtual_devices import virtual_devices
+from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads
 
 
 def virtual(count):

@@ -1,6 +1,6 @@
-"""Memory per virtual device (fairseq_hybrid.virtual_memory): what each
+"""Memory per virtual device (fairseq_hybrid.harness.virtual_memory): what each
 device holds and its peak, as torch.cuda.memory_allocated and
-max_memory_allocated count them per GPU; and scripts/bench_memory.py."""
+max_memory_allocated count them per GPU; and benchmarks/bench_memory.py."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import sys
 import torch
 
 from conftest import REPO
-from fairseq_hybrid.virtual_devices import virtual_devices
+from fairseq_hybrid.harness.virtual_devices import virtual_devices
 
 
 def test_live_bytes_and_peaks_per_device():
@@ -39,7 +39,7 @@ def test_a_hybrid_group_spreads_a_steps_memory(tmp_path):
     """Through the benchmark script on the tiny model: every device of a
     group of 2 peaks below the one device, and the report says so."""
     out = tmp_path / "memory"
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_memory.py"), "--arch", "hybrid_lstm_tiny",
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_memory.py"), "--arch", "hybrid_lstm_tiny",
                     "--vocabulary", "400", "--sentences", "32", "--source-length", "9", "--target-length", "8",
                     "--measure-sentences", "4,8", "--groups", "1,2", "--modes", "hybrid,model",
                     "--out", str(out)], check=True, capture_output=True, text=True, cwd=REPO)

@@ -12,7 +12,7 @@ from conftest import StandInTask
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.cell_graph import Cell, run_cells
 from fairseq_hybrid.parallel.worker import WorkerError, WorkerGroup, WorkerTimeout
-from fairseq_hybrid.exactness import single_and_group
+from fairseq_hybrid.harness.exactness import single_and_group
 
 CPU2 = [torch.device("cpu")] * 2
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
@@ -31,15 +31,16 @@ from fairseq.models import (
 )
 from torch import Tensor
 
-from ..parallel.device_plan import MODES
-from ..parallel.hybrid_group import HybridGroup
-from ..parallel.worker import DEFAULT_TIMEOUT
+from ..hybrid_group import HybridGroup, HybridGroupConfig
 from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
 from .lstm_stacks import LSTMDecoderStack, LSTMEncoderStack
 
 
 @dataclass
-class HybridLSTMConfig(FairseqDataclass):
+class HybridLSTMConfig(HybridGroupConfig):
+    """The model's options; the ``--hybrid-*`` options are the group's
+    (:class:`~fairseq_hybrid.hybrid_group.HybridGroupConfig`)."""
+
     dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
     encoder_embed_dim: int = field(default=256, metadata={"help": "encoder embedding dimension"})
     encoder_hidden_size: int = field(default=256, metadata={"help": "encoder LSTM hidden size (per direction)"})
@@ -64,61 +65,6 @@ class HybridLSTMConfig(FairseqDataclass):
     )
     max_source_positions: int = field(default=1024, metadata={"help": "longest source sentence accepted"})
     max_target_positions: int = field(default=1024, metadata={"help": "longest target sentence accepted"})
-    hybrid_devices: str = field(
-        default="",
-        metadata={
-            "help": "devices of one hybrid group: cuda:0,cuda:1,... or cpu,cpu,... or a count K; "
-            "empty: the single device fairseq puts the model on"
-        },
-    )
-    hybrid_placement: str = field(
-        default="",
-        metadata={
-            "help": "device index of every layer, 'encoder=0,1,0,1;decoder=0,1,0,1'; "
-            "empty: encoder and decoder layer l on device l mod K; auto: the placement with the "
-            "shortest simulated step (under --hybrid-cost-model, or counting floating-point operations)"
-        },
-    )
-    hybrid_cost_model: str = field(
-        default="",
-        metadata={
-            "help": "for --hybrid-placement auto and --hybrid-chunk-length auto: cell costs measured on your "
-            "devices, the JSON file that scripts/simulate_schedule.py --json writes (or a cost model saved "
-            "alone); empty: every floating-point operation costs the same (plus, for the chunk length, the "
-            "host time per cell measured on CPU)"
-        },
-    )
-    hybrid_chunk_length: str = field(
-        default="0",
-        metadata={
-            "help": "time steps per wavefront cell of the LSTM stacks; 0: split each sequence into as many "
-            "chunks as there are devices; auto: for each batch shape, the length whose simulated step is "
-            "shortest (under --hybrid-cost-model, or counting floating-point operations and the host time "
-            "per cell measured on CPU)"
-        },
-    )
-    hybrid_dropout_masks: ChoiceEnum(["per-cell", "single-device"]) = field(
-        default="per-cell",
-        metadata={
-            "help": "per-cell: each cell draws its dropout masks from its own seeded generator, in parallel; "
-            "single-device: the group draws exactly the masks the single-device model would draw (from torch's "
-            "global generator, one after another) so it trains exactly like one device, dropout included"
-        },
-    )
-    hybrid_timeout: float = field(
-        default=DEFAULT_TIMEOUT,
-        metadata={
-            "help": "seconds a hybrid group may take for the forward or the backward pass of one batch before "
-            "training stops with an error naming the device and the cell it is stuck in"
-        },
-    )
-    hybrid_mode: ChoiceEnum(MODES) = field(
-        default="hybrid",
-        metadata={
-            "help": "hybrid: layers model-parallel, attention-softmax data-parallel over batch shards; "
-            "model: layers model-parallel only; data: whole-model replicas over batch shards"
-        },
-    )
 
 
 class RNNOutput(NamedTuple):
@@ -234,8 +180,8 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
     """LSTM encoder-decoder without input feeding, split into an RNN part and
     an attention-softmax part for hybrid data/model parallel training.
 
-    The model knows nothing of devices.  With ``--hybrid-devices`` it is
-    run by a :class:`~fairseq_hybrid.parallel.hybrid_group.HybridGroup`
+    The model computes; where is not its business.  With
+    ``--hybrid-devices`` it is run by a :class:`~fairseq_hybrid.hybrid_group.HybridGroup`
     (``hybrid_group``), which puts its layers on the group's devices and
     runs its training steps there; ``to(device)`` / ``cuda()`` / ``cpu()``
     (which fairseq's trainer and generator call) then change only the

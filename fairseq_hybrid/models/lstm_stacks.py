@@ -66,7 +66,31 @@ def layer_sizes(input_size: int, hidden_size: int, num_layers: int, num_bidirect
     return sizes
 
 
-class LSTMEncoderStack(nn.Module):
+class LayerFinishing:
+    """What happens to a layer's outputs before the next layer reads them,
+    owned by the model so that every way of running a layer (the whole
+    sequence, a time chunk, one direction in the hybrid engine) does the
+    same: the residual where the layer's input and output sizes match
+    (from the second layer on), then dropout.  Needs ``residual``,
+    ``sizes`` and ``dropout`` on the stack."""
+
+    def has_residual(self, index: int) -> bool:
+        return self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]
+
+    def finish_layer(self, index: int, outputs: Tensor, inputs: Tensor, reverse: Optional[bool] = None) -> Tensor:
+        """Layer ``index``'s ``outputs`` given its ``inputs``.  ``reverse``:
+        ``outputs`` are one direction of a bidirectional layer (False
+        forward, True reverse), whose residual is its half of ``inputs``."""
+        if self.has_residual(index):
+            if reverse is None:
+                outputs = outputs + inputs
+            else:
+                size = outputs.size(-1)
+                outputs = outputs + (inputs[..., size:] if reverse else inputs[..., :size])
+        return self.dropout(outputs)
+
+
+class LSTMEncoderStack(LayerFinishing, nn.Module):
     """Embedding plus a stack of LSTM layers over right-padded source tokens.
 
     Padding is handled with packed sequences, so a sentence's states (and the
@@ -106,9 +130,6 @@ class LSTMEncoderStack(nn.Module):
         # attribute, so nothing new appears in checkpoints.
         self._directions: Dict[Tuple[int, bool], nn.LSTM] = {}
 
-    def has_residual(self, index: int) -> bool:
-        return self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]
-
     def embed(self, src_tokens: Tensor) -> Tensor:
         """Right-padded source tokens B x S to dropped-out embeddings."""
         return self.dropout(self.embed_tokens(src_tokens.to(self.embed_tokens.weight.device)))
@@ -126,9 +147,7 @@ class LSTMEncoderStack(nn.Module):
         # h, c: (directions, B, H) -> B x (directions * H)
         h = h.transpose(0, 1).reshape(inputs.size(0), -1)
         c = c.transpose(0, 1).reshape(inputs.size(0), -1)
-        if self.has_residual(index):
-            outputs = outputs + inputs
-        return self.dropout(outputs), h, c
+        return self.finish_layer(index, outputs, inputs), h, c
 
     def run_chunk(
         self, index: int, inputs: Tensor, sorted_lengths: Tensor, start: int, state: Optional[Tuple[Tensor, Tensor]],
@@ -162,9 +181,7 @@ class LSTMEncoderStack(nn.Module):
             if running < batch:
                 h = torch.cat([h, state[0][running:]])
                 c = torch.cat([c, state[1][running:]])
-        if self.has_residual(index):
-            outputs = outputs + inputs
-        return self.dropout(outputs), h, c
+        return self.finish_layer(index, outputs, inputs), h, c
 
     reversed_positions = staticmethod(reversed_positions)
 
@@ -226,7 +243,7 @@ class LSTMEncoderStack(nn.Module):
         }
 
 
-class LSTMDecoderStack(nn.Module):
+class LSTMDecoderStack(LayerFinishing, nn.Module):
     """Embedding plus a stack of LSTM layers over the target prefix, without
     input feeding.  Layer ``l`` starts from the encoder's layer-``l`` final
     state (through a linear bridge where the sizes differ); decoder layers
@@ -284,9 +301,7 @@ class LSTMDecoderStack(nn.Module):
         inputs = inputs.to(device)
         state = (state[0].to(device).unsqueeze(0), state[1].to(device).unsqueeze(0))
         outputs, (h, c) = self.layers[index](inputs, state)
-        if self.residual and index > 0 and self.sizes[index][0] == self.sizes[index][1]:
-            outputs = outputs + inputs
-        return self.dropout(outputs), h.squeeze(0), c.squeeze(0)
+        return self.finish_layer(index, outputs, inputs), h.squeeze(0), c.squeeze(0)
 
     def forward(
         self,

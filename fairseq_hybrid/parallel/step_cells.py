@@ -257,10 +257,7 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                     positions = batch.reversed_positions[device] if reverse else None
                     out, h, c = encoder.run_direction(lstm, reverse, x, sorted_lengths, positions,
                                                       batch.packed_positions[device])
-                    if encoder.has_residual(layer):
-                        size = out.size(-1)
-                        out = out + x[..., size:] if reverse else out + x[..., :size]
-                    out = encoder.dropout(out)
+                    out = encoder.finish_layer(layer, out, x, reverse)
                     return (*out.split(batch.source_sizes(), dim=1), h, c)
 
                 name = f"encoder layer {layer} {'reverse' if reverse else 'forward'}"

@@ -9,8 +9,8 @@ of device:
 * ``cuda:N``: ``torch.cuda``'s own streams and events, exactly as before;
 * plain CPU (``cpu``): no streams at all (every op is done when it
   returns); the functions answer ``None`` and do nothing;
-* virtual devices (``cpu:N`` under ``fairseq_hybrid.virtual_devices``):
-  the harness's virtual streams and events (:mod:`fairseq_hybrid.virtual_streams`),
+* virtual devices (``cpu:N`` under ``fairseq_hybrid.harness.virtual_devices``):
+  the harness's virtual streams and events (:mod:`fairseq_hybrid.harness.virtual_streams`),
   which have the same method names and check every op's reads and writes
   against what those lines ordered, so that a missing wait fails a CPU test
   instead of giving silent wrong numbers on a GPU.
@@ -26,7 +26,7 @@ from typing import Callable, ContextManager, Optional
 import torch
 from torch import Tensor
 
-# Set by fairseq_hybrid.virtual_streams: the calling thread's virtual stream
+# Set by fairseq_hybrid.harness.virtual_streams: the calling thread's virtual stream
 # checker, or None (the parallel package does not import the test harness).
 virtual_checker: Callable[[], Optional[object]] = lambda: None
 

@@ -1,7 +1,7 @@
 """The one way a tensor moves to another device of a group.
 
 Every move of the engine goes through :func:`arrive`, so that the
-virtual-device harness (``fairseq_hybrid.virtual_devices``) sees each one,
+virtual-device harness (``fairseq_hybrid.harness.virtual_devices``) sees each one,
 and so that on CUDA each move is ordered after the work that made the
 tensor and before the work that reads it:
 

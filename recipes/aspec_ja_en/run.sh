@@ -25,7 +25,7 @@ while [[ $# -gt 0 ]]; do
     --aspec-dir) aspec_dir="$2"; shift 2 ;;
     --train-files) train_files="$2"; shift 2 ;;
     -h|--help)
-      sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
       echo "Options:"
       echo "  --aspec-dir DIR        the ASPEC-JE folder (required for the prepare step)"
       echo "  --train-files LIST     training files under train/ (default: $train_files)"

@@ -24,7 +24,7 @@ while [[ $# -gt 0 ]]; do
       [[ $# -ge 4 ]] || { echo "error: $1 needs three arguments: TRAIN DEV TEST" >&2; exit 2; }
       prepare_input=(--format "${1#--}" --train "$2" --valid "$3" --test "$4"); shift 4 ;;
     -h|--help)
-      sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
       echo "Options:"
       echo "  --tsv TRAIN DEV TEST        tab-separated ja<TAB>en files"
       echo "  --lines TRAIN DEV TEST      prefixes of aligned PREFIX.ja / PREFIX.en files"

@@ -25,7 +25,7 @@ while [[ $# -gt 0 ]]; do
     --checkpoint) checkpoint="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --beam) beam="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -35,7 +35,7 @@ def main() -> int:
         print(f"  {sources[index]}\n    reference:   {references[index]}\n    translation: {hypotheses[index]}")
     print(f"\nTranslate your own text:\n"
           f"  from the shell:  echo \"{EXAMPLE}\" | bash {os.path.join(HERE, 'translate.sh')} --run {args.run}\n"
-          f"  from Python:     from fairseq_hybrid.hub import load_translator\n"
+          f"  from Python:     from fairseq_hybrid.translation.hub import load_translator\n"
           f"                   load_translator(\"{args.run}\").translate(\"{EXAMPLE}\")")
     return 0
 

@@ -2,8 +2,8 @@
 # Tatoeba ja-en from raw corpus to a model that translates, on the CPU. How
 # long depends on the CPU: training ran at 0.33 s an update on one 2-core
 # AMD EPYC (the whole job 24 minutes), at 0.63 s on a 2-core AMD EPYC Zen 4
-# (44 minutes) and at 1.4 s on a 2-core AMD EPYC with AVX2 only (README's
-# table of machines). The run prints
+# (44 minutes), and at 0.69 to 1.4 s on 2-core AMD EPYCs with AVX2 only
+# (README's table of machines). The run prints
 # its pace and expected end after 100 updates, and the wall time of each
 # step at the end.
 #
@@ -18,7 +18,8 @@
 #   spm       joint sentencepiece model, encode all splits
 #   binarize  fairseq-preprocess with a joined dictionary
 #   train     fairseq-train (resumes from checkpoint_last.pt if interrupted),
-#             its output passed through scripts/training_pace.py;
+#             its output passed through scripts/training_pace.py; settings
+#             in training.args and schedule.args beside this file:
 #             learning rate 0.005 after 500 warm-up updates, then falling with
 #             the inverse square root of the update; dropout 0.1; a checkpoint
 #             every 200 updates (--budget long: 1,000), the one with the lowest
@@ -44,7 +45,7 @@ budget=default
 max_update=""
 steps=download,prepare,spm,binarize,train,average,generate,score,plot
 select=best
-dropout=0.1
+dropout=""
 vocab_size=8000
 threads=2
 extra_train_args=()
@@ -62,7 +63,7 @@ Options:
   --train-minutes N      a wall-clock training budget (default: none; stops at the first budget reached)
   --select NAME          the checkpoint to translate with: best (default; lowest validation loss),
                          average (of the last 5) or last
-  --dropout P            dropout (default: $dropout)
+  --dropout P            dropout (default: training.args's, 0.1)
   --steps LIST           comma-separated subset of: $steps
   --threads N            intra-op threads for training (default: $threads)
   --vocab-size N         joint sentencepiece vocabulary (default: $vocab_size)
@@ -167,13 +168,23 @@ if [[ ${#train_budget[@]} -eq 0 ]]; then
   echo "error: no training budget: give --max-update N or --train-minutes N" >&2; exit 2
 fi
 
-# The learning-rate schedule (docs/search/tatoeba.md: it beat a linear decay
-# to 0 at this budget); replaced as a whole when the extra arguments name
+# The training settings and the learning-rate schedule live in files of
+# their own (one option a line), which benchmarks/profile_training.py reads
+# too; the schedule is dropped as a whole when the extra arguments name
 # another --lr-scheduler (whose options differ).
-schedule=(--lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-4)
+read_args() {  # FILE ARRAY: append FILE's options to ARRAY
+  local line; local -n into="$2"
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    [[ -z "$line" || "$line" == \#* ]] && continue
+    if [[ "$line" == *" "* ]]; then into+=("${line%% *}" "${line#* }"); else into+=("$line"); fi
+  done < "$1"
+}
+settings=(); read_args "$here/training.args" settings
+schedule=(); read_args "$here/schedule.args" schedule
 for arg in "${extra_train_args[@]}"; do
   [[ "$arg" == --lr-scheduler ]] && schedule=()
 done
+[[ -n "$dropout" ]] && settings+=(--dropout "$dropout")
 
 # Training is redone (resuming from checkpoint_last.pt) unless a run with
 # this very budget and these extra arguments already finished.
@@ -182,11 +193,7 @@ if has_step train && [[ "$(cat "$run/.train_done" 2>/dev/null)" != "$train_key" 
   mkdir -p "$run"
   log "train: $arch (${train_budget[*]})"; begin_step
   # shellcheck disable=SC2046
-  OMP_NUM_THREADS="$threads" fairseq-train "$bin" --cpu $(model_args) \
-    --label-smoothing 0.1 --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
-    --lr 0.005 "${schedule[@]}" --dropout "$dropout" \
-    --max-tokens 2000 \
-    --skip-invalid-size-inputs-valid-test --seed 1 --num-workers 0 \
+  OMP_NUM_THREADS="$threads" fairseq-train "$bin" --cpu $(model_args) "${settings[@]}" "${schedule[@]}" \
     --save-dir "$run/checkpoints" --no-epoch-checkpoints --save-interval-updates "$save_every" \
     --keep-interval-updates 5 --log-format simple --log-interval 50 \
     "${train_budget[@]}" "${extra_train_args[@]}" 2>&1 | tee -a "$run/train.log" \
@@ -197,7 +204,7 @@ fi
 checkpoints="$run/checkpoints"
 if has_step average && [[ ! -f "$checkpoints/checkpoint_average.pt" || "$checkpoints/checkpoint_last.pt" -nt "$checkpoints/checkpoint_average.pt" ]]; then
   log "average: the last 5 checkpoints"; begin_step
-  python -m fairseq_hybrid.average --last 5 "$checkpoints" --output "$checkpoints/checkpoint_average.pt"
+  python -m fairseq_hybrid.commands.average --last 5 "$checkpoints" --output "$checkpoints/checkpoint_average.pt"
   end_step average
 fi
 

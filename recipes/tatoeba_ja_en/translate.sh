@@ -11,7 +11,7 @@
 # each such line is named on stderr. A line that cannot be translated is
 # named on stderr and comes out empty; the others are translated, and the
 # exit status is then 1. It runs fairseq-hybrid-translate (python -m
-# fairseq_hybrid.translate) with the run's best checkpoint, else its last.
+# fairseq_hybrid.commands.translate) with the run's best checkpoint, else its last.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,7 +23,7 @@ beam=5
 buffer_size=64
 
 usage() {
-  sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
   echo "Options:"
   echo "  --run DIR          the recipe's run folder (default: $run)"
   echo "  --work-dir DIR     the folder with bin/ and spm/ (default: the run folder's parent)"
@@ -57,4 +57,4 @@ done
 options=(--run "$run" --data "$work/bin" --sentencepiece-model "$work/spm/spm.model" --beam "$beam"
          --buffer-size "$buffer_size")
 [[ -n "$checkpoint" ]] && options+=(--checkpoint "$checkpoint")
-exec python -m fairseq_hybrid.translate "${options[@]}"
+exec python -m fairseq_hybrid.commands.translate "${options[@]}"

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Host time per cell of the hybrid engine, where arithmetic is negligible.
+
+On a GPU an op's launch is asynchronous, so what the host spends per cell
+(the engine's own Python, and torch's dispatch of each op) is a floor under
+each cell's time there: a cell cannot be queued faster.  This script runs
+the engine on plain CPU devices with a model so small (hidden size and
+embeddings 8, vocabulary 40, 4 + 4 layers) that the cells' arithmetic costs
+next to nothing, for K = 1, 2 and 4 workers and several chunk counts, and
+reports per cell, forward and backward:
+
+* ``cell_us``: the cell's own call (its module code and torch ops), from
+  the engine's cell trace;
+* ``ops``: aten ops per cell (counted in a separate run) and ``op_us``, the
+  host cost of one small op on this machine, timed alone, so ``ops x
+  op_us`` is the share of torch dispatch;
+* ``lstm_kernel_share``: the share of an LSTM cell's time spent in its one
+  LSTM kernel op (``mkldnn_rnn_layer`` forward, ``mkldnn_rnn_layer_backward``
+  on a CPU), from that same separate run, K = 1 (where every other op also
+  pays the counting mode's cost, so the share is if anything too low).  On
+  a CPU that op does the layer's work itself at a fixed cost of 150 us or
+  more even at hidden size 8 (oneDNN sets up its primitive); on a GPU the
+  same call queues a cuDNN kernel, whose host cost is not this one.
+  ``predict_speedups.py`` shows the prediction with and without it;
+* ``outside_cells_us_per_cell``: each worker's step time outside its
+  cells' calls, per cell it ran: the engine's Python (inputs arriving,
+  events, the graph's bookkeeping, hand-offs), waiting for other workers,
+  and the step's work outside the cells (criterion glue, the boundary);
+* how the cell time grows when K worker threads share the GIL.
+
+The JSON (``--json``) holds a row of these per K and chunk length (and the
+machine's core count), which ``benchmarks/predict_speedups.py --host-cost
+FILE`` turns into host time per cell kind and phase in place of an assumed
+cost per cell call.  With fewer cores than workers (K = 4 on a 2-core
+machine) the cells also wait for a core, not only for the GIL.
+
+    .venv/bin/python benchmarks/bench_host_cost.py --json docs/bench/host_cost.json
+
+``--device cuda`` puts the workers on the GPUs at hand instead (virtual
+devices on one GPU where there are fewer than K) and waits for each step's
+kernels: the host time of a GPU machine's host, what ``benchmarks/gpu_check.py
+--phases calibrate`` measures.
+
+A time: run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from typing import Dict, List, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+from fairseq_hybrid.harness.measuring import backward_step, on_device, synchronize
+from fairseq_hybrid.parallel import record_cell_times
+from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
+
+TINY = dict(encoder_embed_dim=8, encoder_hidden_size=8, decoder_embed_dim=8, decoder_hidden_size=8,
+            decoder_out_embed_dim=8, encoder_layers=4, decoder_layers=4, encoder_bidirectional_layers=1, dropout=0.0)
+
+
+def op_cost_us(repeats: int = 20000) -> float:
+    """Host microseconds of one small aten op called from Python (an add of
+    two 8-element tensors), the median of 5 timings."""
+    a, b = torch.ones(8), torch.ones(8)
+    timings = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.add(a, b)
+        timings.append((time.perf_counter() - start) / repeats * 1e6)
+    return statistics.median(timings)
+
+
+def group_devices(k: int, device: str) -> str:
+    """K plain CPU devices, or K workers on the GPUs there are (virtual
+    devices cuda:0,cuda:0,... where there are fewer than K)."""
+    if device == "cpu":
+        return ",".join(["cpu"] * k)
+    count = torch.cuda.device_count()
+    return ",".join(f"cuda:{i % count}" for i in range(k))
+
+
+def setup(k: int, chunk_length: int, sentences: int, length: int, device: str = "cpu"):
+    dictionary = make_dictionary()
+    torch.manual_seed(0)
+    model = build_model("hybrid_lstm", dictionary, dictionary, **TINY, hybrid_devices=group_devices(k, device),
+                        hybrid_chunk_length=chunk_length).train()
+    criterion = HybridCrossEntropyCriterion(StandInTask(dictionary, dictionary), False, 0.1)
+    sample = make_sample(dictionary, dictionary, [length] * sentences, [length] * sentences)
+    if device == "cuda":  # where fairseq puts a batch
+        sample = on_device(sample, "cuda:0")
+    return model, criterion, sample
+
+
+def one_step(model, criterion, sample):
+    loss, _, _ = backward_step(model, criterion, sample)
+    synchronize(loss.device)  # the step's kernels end inside its time
+
+
+def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int, device: str = "cpu") -> Dict:
+    model, criterion, sample = setup(k, chunk_length, sentences, length, device)
+    for _ in range(2):
+        one_step(model, criterion, sample)  # warm-up: replicas, allocator
+    walls = []
+    with record_cell_times() as trace:
+        for _ in range(steps):
+            start = time.perf_counter()
+            one_step(model, criterion, sample)
+            walls.append(time.perf_counter() - start)
+    per_kind: Dict[str, List[float]] = defaultdict(list)
+    busy = defaultdict(float)
+    for entry in trace:
+        kind = entry.work.kind if entry.work is not None else "other"
+        per_kind[f"{kind}/{entry.phase}"].append(entry.end - entry.start)
+        busy[entry.worker] += entry.end - entry.start
+    cells = len(trace) / steps
+    step = statistics.median(walls)
+    # what each worker spent outside its cells' calls, per cell it ran
+    per_worker_cells = defaultdict(int)
+    for entry in trace:
+        per_worker_cells[entry.worker] += 1
+    outside = statistics.mean((step * steps - busy[w]) / per_worker_cells[w] for w in per_worker_cells)
+    return {
+        "k": k, "chunk_length": chunk_length, "cells_per_step": cells, "step_ms": step * 1e3,
+        "cell_us": {key: statistics.mean(values) * 1e6 for key, values in sorted(per_kind.items())},
+        "outside_cells_us_per_cell": outside * 1e6,
+    }
+
+
+# the LSTM kernel ops as the dispatcher sees them on a CPU (oneDNN) and a GPU (cuDNN)
+LSTM_KERNELS = ("aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::_cudnn_rnn",
+                "aten::_cudnn_rnn_backward")
+
+
+def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """aten ops per cell (forward and backward calls together), by kind, and
+    the share of an LSTM cell's time inside its LSTM kernel op, by phase, on
+    one device (a dispatch mode entered by every job)."""
+    from fairseq_hybrid.parallel import thread_state
+    from fairseq_hybrid.parallel.worker import current_worker
+
+    counts: Dict[str, List[int]] = defaultdict(list)
+    current = {}
+    kernel = defaultdict(float)  # (cell, phase) -> seconds inside LSTM kernel ops
+
+    class PerCell(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            worker = current_worker()
+            if worker is None or worker.cell is None:
+                return func(*args, **(kwargs or {}))
+            current[worker.cell] = current.get(worker.cell, 0) + 1
+            if func.name() not in LSTM_KERNELS:
+                return func(*args, **(kwargs or {}))
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            phase = "backward" if worker.activity.endswith("(backward)") else "forward"
+            kernel[worker.cell, phase] += time.perf_counter() - start
+            return out
+
+    hook = lambda: PerCell  # noqa: E731  (entered in every job)
+    thread_state.register(hook)
+    try:
+        model, criterion, sample = setup(1, chunk_length, sentences, length)
+        one_step(model, criterion, sample)
+        current.clear()
+        kernel.clear()
+        with record_cell_times() as trace:
+            one_step(model, criterion, sample)
+    finally:
+        thread_state.unregister(hook)
+    kinds = {entry.name: entry.work.kind if entry.work is not None else "other" for entry in trace}
+    for name, count in current.items():  # forward and backward calls of the cell together
+        counts[kinds.get(name, "other")].append(count)
+    share = {}
+    for phase in ("forward", "backward"):
+        cells = [entry for entry in trace if entry.phase == phase and entry.work is not None
+                 and entry.work.kind == "lstm"]
+        share[f"lstm/{phase}"] = (sum(kernel[entry.name, phase] for entry in cells)
+                                  / sum(entry.end - entry.start for entry in cells))
+    return {kind: statistics.mean(values) for kind, values in counts.items()}, share
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", default="1,2,4")
+    parser.add_argument("--chunk-lengths", default="0,8,4,2", help="0: K chunks (the default)")
+    parser.add_argument("--sentences", type=int, default=8)
+    parser.add_argument("--length", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the workers on the GPUs at hand (the host time a GPU's host spends per cell)")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU here")
+    torch.set_num_threads(1)
+    rows = []
+    for k in (int(x) for x in args.groups.split(",")):
+        for chunk_length in (int(x) for x in args.chunk_lengths.split(",")):
+            row = measure(k, chunk_length, args.steps, args.sentences, args.length, args.device)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    ops, kernel_share = ops_per_cell(0, args.sentences, args.length)
+    report = {"machine": platform.processor() or platform.machine(), "device": args.device,
+              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__,
+              "cores": os.cpu_count(), "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops,
+              "lstm_kernel_share_k1_whole": kernel_share, "rows": rows}
+    print(json.dumps(report, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""The benchmark suite: every way of training the same model on the same
+batches, side by side in one run, as JSON, a Markdown table and a PNG plot;
+then the schedule simulator validated against these measurements.
+
+Systems (``hybrid_lstm_base`` size: 2+2 layers of 256, Tatoeba batches of
+``--max-tokens``, Adam):
+
+* fairseq's built-in ``lstm`` (input feeding, all-bidirectional encoder),
+  1 thread and 2 threads;
+* ``hybrid_lstm_base`` on 1 device (1 thread, and K intra-op threads: the
+  other way to use K cores);
+* on K devices (one thread each): hybrid (default placement and
+  ``--hybrid-placement auto``), pure model parallel, pure data parallel
+  inside one process;
+* data parallel across K processes (gloo, one device and thread each,
+  PyTorch DistributedDataParallel, each process on every K-th batch);
+* the machine's ceiling: K independent copies of the single-device step at
+  once.
+
+Each (round, system) runs in a fresh process, rounds interleave the systems
+so that machine noise hits all alike, and each reports target tokens/s and
+its peak memory: on CPU the process's peak resident set (the whole process,
+all its devices), on CUDA ``max_memory_allocated`` per device.
+
+  python benchmarks/bench_suite.py work/tatoeba_ja_en/bin --out results/bench
+"""
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+from fairseq_hybrid.harness.measuring import NO_DATA, System, batches, build, suite_systems, train_steps
+
+
+def system_named(name: str, k: int) -> System:
+    for system in suite_systems(k):
+        if system.name == name:
+            return system
+    raise SystemExit(f"no benchmark system {name!r}; the systems: {', '.join(s.name for s in suite_systems(k))}")
+
+
+# -- one system, in its own process ---------------------------------------------
+
+
+def build_system(data, system: System, k, device):
+    import torch
+
+    devices = ",".join([f"cuda:{i}" for i in range(k)] if device == "cuda" else ["cpu"] * k)
+    args = system.model_args(devices)
+    task, model, criterion = build(data, args)
+    if device == "cuda" and system.kind != "group":
+        model = model.cuda()
+    return task, model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def peak_memory(device, k):
+    import torch
+
+    if device == "cuda":
+        return {f"cuda:{i}": torch.cuda.max_memory_allocated(i) / 2**20 for i in range(torch.cuda.device_count())}
+    return {"process (peak RSS)": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def gloo_process(rank, k, data, max_tokens, count, port, results):
+    """One of K processes of plain data parallelism: PyTorch's
+    DistributedDataParallel over gloo around the model and its criterion."""
+    import torch
+    import torch.distributed as dist
+
+    class LossOf(torch.nn.Module):
+        """The criterion's loss as a module's forward, so DDP sees the step."""
+
+        def __init__(self, model, criterion):
+            super().__init__()
+            self.model, self.criterion = model, criterion
+
+        def forward(self, sample):
+            return self.criterion(self.model, sample)
+
+    torch.set_num_threads(1)
+    # A bounded wait: a rank that dies or falls out of step ends the run with
+    # an error instead of leaving the others blocked in a collective.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=k,
+                            timeout=datetime.timedelta(minutes=5))
+    task, model, criterion, _ = build_system(data, System("one device", "one_device"), 1, "cpu")
+    step = torch.nn.parallel.DistributedDataParallel(LossOf(model, criterion))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    samples = batches(task, max_tokens, count + 2)
+
+    def train_on(chosen):
+        # the DDP wrapper stands in for the criterion: it runs model and loss
+        return train_steps(model, lambda _, sample: step(sample), optimizer, chosen)[0]
+
+    train_on(samples[rank:rank + 1])  # warm-up (train_steps puts the model in training mode)
+    dist.barrier()
+    start = time.perf_counter()
+    # every rank the same number of steps, or DDP's all-reduce waits forever
+    tokens = train_on(samples[2 + rank:2 + k * (count // k):k])
+    dist.barrier()
+    results.put((rank, tokens, time.perf_counter() - start, peak_memory("cpu", 1)))
+    dist.destroy_process_group()
+
+
+def run_one(args):
+    import logging
+
+    import torch
+
+    logging.disable(logging.WARNING)
+    k, device = args.devices, args.device
+    system = system_named(args.one, k)
+    if system.kind == "gloo":
+        import torch.multiprocessing as mp
+
+        results = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(gloo_process, args=(k, args.data, args.max_tokens, args.batches, args.port, results), nprocs=k)
+        rows = [results.get() for _ in range(k)]
+        tokens = sum(row[1] for row in rows)
+        seconds = max(row[2] for row in rows)
+        memory = {f"process {row[0]} (peak RSS)": row[3]["process (peak RSS)"] for row in rows}
+        return {"tokens": tokens, "seconds": seconds, "memory_mib": memory}
+
+    threads = system.threads
+    torch.set_num_threads(threads)
+    copies = k if system.kind == "copies" else 1
+    systems = [build_system(args.data, system, k, device) for _ in range(copies)]
+    samples = batches(systems[0][0], args.max_tokens, args.batches + 2)
+    totals = [0] * copies
+
+    def work(index, timed):
+        torch.set_num_threads(1 if copies > 1 else threads)
+        _, model, criterion, optimizer = systems[index]
+        totals[index] = train_steps(model, criterion, optimizer, samples[2:] if timed else samples[:2], device)[0]
+
+    for timed in (False, True):
+        start = time.perf_counter()
+        if copies == 1:
+            work(0, timed)
+        else:
+            pool = [threading.Thread(target=work, args=(i, timed)) for i in range(copies)]
+            for thread in pool:
+                thread.start()
+            for thread in pool:
+                thread.join()
+        seconds = time.perf_counter() - start
+    return {"tokens": sum(totals), "seconds": seconds, "memory_mib": peak_memory(device, k)}
+
+
+# -- the suite -------------------------------------------------------------------------
+
+
+def write_outputs(result, out):
+    k = result["devices"]
+    rows = result["systems"]
+    base = rows["hybrid_lstm_base, 1 device"]["target_tokens_per_s"]
+    lstm = rows["fairseq lstm, 1 thread"]["target_tokens_per_s"]
+    ceiling = rows[f"{k} independent copies (ceiling)"]["target_tokens_per_s"] / base
+    lines = [
+        "| system | target tokens/s | vs hybrid_lstm_base on 1 device | fraction of the ceiling | vs fairseq lstm (1 thread) | peak memory (MiB) |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, row in rows.items():
+        row["speedup"] = row["target_tokens_per_s"] / base
+        row["fraction_of_ceiling"] = row["speedup"] / ceiling
+        memory = ", ".join(f"{where} {value:,.0f}" for where, value in row["memory_mib"].items())
+        lines.append(f"| {name} | {row['target_tokens_per_s']:,.0f} | {row['speedup']:.2f}x | "
+                     f"{row['fraction_of_ceiling']:.0%} | {row['target_tokens_per_s'] / lstm:.2f}x | {memory} |")
+    lines.append("")
+    lines.append(f"{result['device']}, {k} devices, --max-tokens {result['max_tokens']}, {result['rounds']} rounds x "
+                 f"{result['batches']} batches per system, every system in a fresh process per round; "
+                 f"one intra-op thread per device unless the name says otherwise; measured {result['date']}.")
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "bench.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(out, "bench.json"), "w") as f:
+        json.dump(result, f, indent=2)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    values = [rows[name]["target_tokens_per_s"] for name in names]
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    kinds = {system.name: system for system in suite_systems(k)}
+    colors = ["#999999" if kinds[n].kind == "fairseq_lstm" else "#4c72b0" if kinds[n].mode == "hybrid"
+              else "#dd8452" for n in names]
+    axis.barh(range(len(names)), values, color=colors)
+    axis.set_yticks(range(len(names)), names)
+    axis.invert_yaxis()
+    axis.set_xlabel("target tokens/s (training)")
+    axis.set_title(f"hybrid_lstm_base size, Tatoeba ja-en, {k} {result['device']} devices")
+    for index, value in enumerate(values):
+        axis.text(value, index, f" {value:,.0f}", va="center", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(os.path.join(out, "bench.png"), dpi=120)
+    return table
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", help="fairseq-preprocess output (ja-en)")
+    parser.add_argument("--out", default="results/bench", help="folder for bench.json, bench.md, bench.png")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--devices", type=int, default=2, help="K")
+    parser.add_argument("--max-tokens", type=int, default=2000)
+    parser.add_argument("--batches", type=int, default=10, help="timed batches per system and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--port", type=int, default=29655, help="for the gloo processes")
+    parser.add_argument("--no-simulation", action="store_true", help="skip the simulator's validation")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.data):
+        parser.error(f"{args.data}: {NO_DATA}")
+    if args.devices < 1 or args.batches < args.devices:
+        parser.error(f"--batches {args.batches} with --devices {args.devices}: "
+                     "every one of the K gloo processes needs at least one timed batch")
+    if args.one:
+        print("RESULT " + json.dumps(run_one(args)), flush=True)
+        return 0
+
+    os.makedirs(args.out, exist_ok=True)
+    names = [system.name for system in suite_systems(args.devices)]
+    totals = {name: {"tokens": 0, "seconds": 0.0, "memory_mib": {}} for name in names}
+    started = time.time()
+    for round_index in range(args.rounds):
+        for name in names:
+            command = [sys.executable, os.path.abspath(__file__), args.data, "--one", name, "--device", args.device,
+                       "--devices", str(args.devices), "--max-tokens", str(args.max_tokens),
+                       "--batches", str(args.batches), "--port", str(args.port)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+            if done.returncode != 0 or not line:
+                sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
+                raise SystemExit(f"system {name!r} failed (round {round_index + 1})")
+            one = json.loads(line[0][len("RESULT "):])
+            total = totals[name]
+            total["tokens"] += one["tokens"]
+            total["seconds"] += one["seconds"]
+            for where, value in one["memory_mib"].items():
+                total["memory_mib"][where] = max(value, total["memory_mib"].get(where, 0.0))
+            print(f"round {round_index + 1}: {name:48s} {one['tokens'] / one['seconds']:8,.0f} target tokens/s",
+                  flush=True)
+    result = {"device": args.device, "devices": args.devices, "max_tokens": args.max_tokens,
+              "batches": args.batches, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
+              "minutes": (time.time() - started) / 60, "placement": "auto", "systems": {}}
+    for system in suite_systems(args.devices):
+        total = totals[system.name]
+        result["systems"][system.name] = {"target_tokens_per_s": total["tokens"] / total["seconds"],
+                                          "memory_mib": total["memory_mib"], "kind": system.kind,
+                                          "mode": system.mode, "placement": system.placement}
+    print()
+    print(write_outputs(result, args.out))
+    if not args.no_simulation and args.device == "cpu":
+        simulator = os.path.join(os.path.dirname(os.path.abspath(__file__)), "simulate_schedule.py")
+        subprocess.run([sys.executable, simulator, args.data, "--max-tokens", str(args.max_tokens),
+                        "--batches", str(args.batches), "--measured", os.path.join(args.out, "bench.json"),
+                        "--json", os.path.join(args.out, "simulation.json")], check=True)
+    print(f"\nwritten: {args.out}/bench.json, bench.md, bench.png" + ("" if args.no_simulation else ", simulation.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+#!/usr/bin/env python3
+"""One prepared check of the hybrid group on the GPU(s) at hand, in phases.
+
+Each phase runs in a process of its own under a hard time limit; a phase
+that runs out dumps every thread's stack (``faulthandler``) into its log
+and the check goes on with the next.  At the end one JSON file and one
+Markdown table (``--out``, default ``work/gpu_check``) say what passed.
+
+  exactness   the exactness, engine and worker tests (their CUDA variants
+              run on K virtual devices ``cuda:0,cuda:0,...`` and on real
+              ones where there are several GPUs)
+  precision   a few fairseq-train updates of hybrid_lstm_tiny on the
+              shipped Tatoeba fixture in fp32, --bf16, --amp and --fp16, on
+              one device and on a group: finite losses, and the group's
+              parameters equal one device's in fp32
+  speed       target tokens/s of fairseq's lstm against hybrid_lstm at the
+              same size on one device, and of one device against groups of
+              K = 2 and 4 (virtual) devices in each mode
+  calibrate   the inputs of the predicted speed-up table, measured: the
+              host time per cell on this GPU machine (bench_host_cost.py
+              --device cuda), one device's tokens/s in the paper's setting
+              (hybrid_lstm_paper, 32k vocabulary, 128 sentences of 50 + 50),
+              a chunk-length sweep of a group of 4, and predict_speedups.py
+              run on these instead of a CPU's host time and GNMT v2's rate
+  streams     PyTorch's CUDA Sanitizer on the caller and on every worker
+              thread, sharing one record (fairseq_hybrid.harness.cuda_sanitizer_workers),
+              over one exactness step per mode on groups of 2 and 4, the
+              batch on the first device: the stream races it reports
+
+  python benchmarks/gpu_check.py                       # everything; each phase under its limit (LIMITS)
+  python benchmarks/gpu_check.py --phases speed --steps 3
+  python benchmarks/gpu_check.py --device cpu --phases precision,speed --steps 2   # a smoke run without a GPU
+"""
+
+import argparse
+import faulthandler
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+BIN = os.path.dirname(sys.executable)
+FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
+PHASES = ("exactness", "precision", "speed", "calibrate", "streams")
+LIMITS = {"exactness": 180, "precision": 240, "speed": 150, "calibrate": 240, "streams": 120}  # seconds per phase
+CHUNK_SWEEP = ("0", "25", "10", "5", "2", "auto")
+
+
+def devices_for(device, count, k):
+    """K device names: real GPUs where there are enough, else virtual ones
+    on the GPUs there are (cuda:0,cuda:0,...); K CPU devices on CPU."""
+    if device == "cpu":
+        return ["cpu"] * k
+    return [f"cuda:{i % count}" for i in range(k)]
+
+
+# -- phases (each runs in its own process) --------------------------------------
+
+
+def phase_exactness(args, result):
+    tests = [os.path.join(REPO, "tests", name)
+             for name in ("test_hybrid_exactness.py", "test_step_cells.py", "test_cell_graph.py",
+                          "test_single_device_masks.py", "test_worker.py")]
+    report = os.path.join(args.work, "exactness.xml")
+    code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                            *tests], cwd=REPO)
+    text = open(report).read() if os.path.exists(report) else ""
+    counts = {key: int(value) for key, value in re.findall(r'(tests|failures|errors|skipped)="(\d+)"', text)[:4]}
+    cuda_cases = re.findall(r'<testcase [^>]*name="([^"]*cuda[^"]*)"', text)
+    result.update(ok=code == 0, counts=counts, cuda_tests=cuda_cases)
+
+
+def binarize(work):
+    out = os.path.join(work, "bin")
+    if os.path.exists(os.path.join(out, "dict.en.txt")):
+        return out
+    subprocess.check_call([sys.executable, os.path.join(REPO, "scripts", "spm_encode_parallel.py"), "--raw-dir",
+                           FIXTURE, "--out-dir", os.path.join(work, "spm"), "--src", "ja", "--tgt", "en",
+                           "--train-model", "--vocab-size", "2000"])
+    spm = os.path.join(work, "spm")
+    subprocess.check_call([os.path.join(BIN, "fairseq-preprocess"), "--source-lang", "ja", "--target-lang", "en",
+                           "--joined-dictionary", "--trainpref", f"{spm}/train", "--validpref", f"{spm}/valid",
+                           "--destdir", out, "--workers", "1"])
+    return out
+
+
+def phase_precision(args, result):
+    import torch
+
+    data = binarize(args.work)
+    count = torch.cuda.device_count() if args.device == "cuda" else 0
+    group = ",".join(devices_for(args.device, count, 2))
+    runs = {}
+    for precision in ("fp32", "bf16", "amp", "fp16"):
+        if args.device == "cpu" and precision != "fp32":
+            runs[precision] = {"skipped": "needs CUDA (fairseq takes --bf16 without CUDA for a TPU run)"}
+            continue
+        flags = [] if precision == "fp32" else [f"--{precision}"]
+        for side, extra in (("one device", []), (f"group {group}", ["--hybrid-devices", group])):
+            save = os.path.join(args.work, f"precision_{precision}_{'group' if extra else 'one'}")
+            command = [os.path.join(BIN, "fairseq-train"), data, "--user-dir", os.path.join(REPO, "fairseq_hybrid"),
+                       "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
+                       "--optimizer", "adam", "--lr", "0.005", "--clip-norm", "1.0", "--max-tokens", "600",
+                       "--max-update", str(args.updates), "--save-dir", save, "--no-epoch-checkpoints",
+                       "--no-save-optimizer-state", "--seed", "3", "--no-progress-bar", "--log-format", "simple",
+                       "--log-interval", "1", "--disable-validation", *(["--cpu"] if args.device == "cpu" else []),
+                       *flags, *extra]
+            process = subprocess.run(command, capture_output=True, text=True)
+            log = process.stdout + process.stderr
+            losses = [float(x) for x in re.findall(r"\| loss ([\d.]+|nan|inf)", log)]
+            entry = {"ok": process.returncode == 0, "losses": losses[-3:],
+                     "finite": bool(losses) and all(x == x and x != float("inf") for x in losses)}
+            if process.returncode != 0:
+                entry["error"] = log[-1500:]
+            runs.setdefault(precision, {})[side] = entry
+        if precision == "fp32" and all(r.get("ok") for r in runs["fp32"].values()):
+            one = torch.load(os.path.join(args.work, "precision_fp32_one", "checkpoint_last.pt"), map_location="cpu")
+            two = torch.load(os.path.join(args.work, "precision_fp32_group", "checkpoint_last.pt"), map_location="cpu")
+            worst = max(float(((two["model"][k].float() - v.float()).abs().max() / (v.float().abs().max() + 1e-12)))
+                        for k, v in one["model"].items())
+            runs["fp32"]["largest relative parameter difference"] = worst
+    result.update(runs=runs, ok=all(entry.get("ok", True) and entry.get("finite", True)
+                                    for sides in runs.values() for entry in sides.values() if isinstance(entry, dict)))
+
+
+def throughput(arch, devices, mode, device, steps, batch, length, vocab, options):
+    import torch
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    from fairseq_hybrid.harness.measuring import on_device, train_steps
+    from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
+
+    src_dict, tgt_dict = make_dictionary(vocab), make_dictionary(vocab)
+    task = StandInTask(src_dict, tgt_dict)
+    group = {"hybrid_devices": ",".join(devices), "hybrid_mode": mode} if devices else {}
+    torch.manual_seed(0)
+    model = build_model(arch, src_dict, tgt_dict, **options, **group)
+    if not devices:
+        model = model.to(device)
+    criterion = (HybridCrossEntropyCriterion(task, False, 0.1) if arch.startswith("hybrid")
+                 else LabelSmoothedCrossEntropyCriterion(task, False, 0.1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sample = make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch)
+    sample = on_device(sample, device)
+    train_steps(model, criterion, optimizer, [sample], device)  # warm-up
+    tokens, seconds = train_steps(model, criterion, optimizer, [sample] * steps, device)
+    return tokens / seconds
+
+
+def phase_speed(args, result):
+    import torch
+
+    count = torch.cuda.device_count() if args.device == "cuda" else 0
+    size = {"encoder_layers": 4, "decoder_layers": 4}
+    shape = dict(device=args.device, steps=args.steps, batch=args.batch, length=30, vocab=8000)
+    rows = []
+    lstm_size = dict(encoder_embed_dim=256, encoder_hidden_size=256, encoder_layers=4, encoder_bidirectional=True,
+                     decoder_embed_dim=256, decoder_hidden_size=256, decoder_layers=4, decoder_out_embed_dim=256,
+                     criterion="label_smoothed_cross_entropy")
+    base = throughput("hybrid_lstm_base", [], "hybrid", options=size, **shape)
+    lstm = throughput("lstm", [], "hybrid", options=lstm_size, **shape)
+    rows.append({"system": "fairseq lstm, one device (input feeding, every encoder layer bidirectional)",
+                 "tokens_per_s": lstm, "vs_one_device": lstm / base})
+    rows.append({"system": "hybrid_lstm_base 4+4 layers, one device", "tokens_per_s": base, "vs_one_device": 1.0})
+    for k in (int(x) for x in args.groups.split(",")):
+        devices = devices_for(args.device, count, k)
+        for mode in ("hybrid", "model", "data"):
+            rate = throughput("hybrid_lstm_base", devices, mode, options=size, **shape)
+            rows.append({"system": f"{mode} on {','.join(devices)}", "tokens_per_s": rate, "vs_one_device": rate / base})
+            print(rows[-1], flush=True)
+    result.update(ok=True, rows=rows, shape=f"{args.device}, batch {args.batch} x 30 tokens, vocabulary 8000, "
+                                             f"{args.steps} timed steps after one warm-up")
+
+
+def phase_calibrate(args, result):
+    """What the predicted table assumed, measured where it runs: host time
+    per cell, one device's rate, the chunk lengths.  On CPU a smoke run at
+    tiny sizes (the figures then say nothing of a GPU)."""
+    import torch
+
+    cuda = args.device == "cuda"
+    count = torch.cuda.device_count() if cuda else 0
+    host_cost = os.path.join(args.work, "host_cost.json")
+    subprocess.check_call([sys.executable, os.path.join(REPO, "benchmarks", "bench_host_cost.py"), "--device",
+                           args.device, "--groups", "1,2,4" if cuda else "1", "--chunk-lengths",
+                           "0,8,4,2" if cuda else "0", "--steps", str(max(2, args.steps // 2)), "--json", host_cost],
+                          stdout=subprocess.DEVNULL)
+    host = json.load(open(host_cost))
+    result["host_us_per_cell"] = {f"K={row['k']}": row["cell_us"] for row in host["rows"] if row["chunk_length"] == 0}
+
+    # the paper's setting on a GPU; a tiny one for the CPU smoke run
+    arch, shape = (("hybrid_lstm_paper", dict(batch=128, length=50, vocab=32000)) if cuda else
+                   ("hybrid_lstm_tiny", dict(batch=8, length=6, vocab=50)))
+    common = dict(device=args.device, steps=args.steps, **shape)
+    one = throughput(arch, [], "hybrid", options={}, **common)
+    result["one_device_tokens_per_s"] = 2 * one  # source + target, as GNMT v2 counts (equal lengths here)
+    devices = devices_for(args.device, count, 4 if cuda else 2)
+    sweep = {}
+    for length in CHUNK_SWEEP:
+        rate = throughput(arch, devices, "hybrid", options={"hybrid_chunk_length": length}, **common)
+        sweep[length] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
+        print(length, sweep[length], flush=True)
+    result["chunk_sweep"] = {"devices": ",".join(devices), "rows": sweep}
+
+    predicted = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "predict_speedups.py"), "--host-cost",
+                                host_cost, "--one-device-tokens-per-s", str(result["one_device_tokens_per_s"]),
+                                "--out", os.path.join(args.work, "predicted")], capture_output=True, text=True)
+    result["predicted"] = (predicted.stdout if predicted.returncode == 0
+                           else f"predict_speedups.py failed: {predicted.stderr[-1500:]}")
+    result["ok"] = predicted.returncode == 0 or not cuda  # a tiny CPU rate may fit no FLOP rate: not a failure
+    result["shape"] = f"{arch}, {shape['batch']} sentences of {shape['length']} + {shape['length']} tokens"
+
+
+def phase_streams(args, result):
+    import torch
+
+    if args.device != "cuda":
+        result.update(ok=True, skipped="needs CUDA (the virtual streams check the same lines on CPU in the tests)")
+        return
+    from fairseq_hybrid.harness.cuda_sanitizer_workers import SharedSanitizer
+    from fairseq_hybrid.harness.exactness import check_equal
+    from fairseq_hybrid.harness.stand_ins import make_dictionary
+
+    count = torch.cuda.device_count()
+    dictionaries = (make_dictionary(), make_dictionary(37))
+    sanitizer, runs = SharedSanitizer(), []
+    with sanitizer.enabled():
+        for k in (int(x) for x in args.groups.split(",")):
+            devices = devices_for("cuda", count, k)
+            for mode in ("hybrid", "model", "data"):
+                before = len(sanitizer.errors)
+                entry = {"devices": ",".join(devices), "mode": mode}
+                try:
+                    check_equal(devices, mode, dictionaries, batch_on_first_device=True, hybrid_chunk_length=3)
+                    entry["ok"] = True
+                except Exception as error:  # a race (CUDASanitizerErrors) or a wrong result
+                    entry.update(ok=False, error=str(error)[-1500:])
+                entry["races"] = sanitizer.errors[before:][:5]
+                runs.append(entry)
+                print(entry, flush=True)
+    result.update(ok=all(run["ok"] and not run["races"] for run in runs), runs=runs,
+                  races=len(sanitizer.errors))
+
+
+# -- driver ------------------------------------------------------------------------
+
+
+def run_phase(name, args):
+    """``name`` in a child process under a hard limit; its result dict."""
+    out = os.path.join(args.work, f"{name}.json")
+    log_path = os.path.join(args.work, f"{name}.log")
+    if os.path.exists(out):
+        os.remove(out)
+    command = [sys.executable, os.path.abspath(__file__), "--phase-child", name, "--device", args.device,
+               "--work", args.work, "--steps", str(args.steps), "--batch", str(args.batch), "--groups", args.groups,
+               "--updates", str(args.updates), "--limit", str(args.limits[name])]
+    start = time.time()
+    with open(log_path, "w") as log:
+        try:
+            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=args.limits[name] + 30)
+        except subprocess.TimeoutExpired:
+            code = "killed"
+    result = json.load(open(out)) if os.path.exists(out) else {"ok": False}
+    result.update(seconds=round(time.time() - start, 1), exit=code, log=log_path)
+    if code != 0 and not os.path.exists(out):
+        result["error"] = open(log_path, errors="replace").read()[-3000:]
+    return result
+
+
+def markdown(report):
+    lines = [f"# GPU check ({report['device']}, {report['gpus']} GPU(s), torch {report['torch']})", "",
+             "| phase | ok | seconds | what |", "| --- | --- | ---: | --- |"]
+    for name, result in report["phases"].items():
+        what = ""
+        if name == "exactness" and "counts" in result:
+            what = f"{result['counts']}; CUDA tests: {len(result.get('cuda_tests', []))}"
+        elif name == "precision" and "runs" in result:
+            parts = []
+            for precision, sides in result["runs"].items():
+                if "skipped" in sides:
+                    parts.append(f"{precision}: skipped ({sides['skipped']})")
+                    continue
+                states = [f"{side} {'ok' if e.get('ok') and e.get('finite') else 'FAILED'} (last losses "
+                          f"{', '.join(f'{x:.3f}' for x in e.get('losses', []))})"
+                          for side, e in sides.items() if isinstance(e, dict)]
+                if "largest relative parameter difference" in sides:
+                    states.append(f"group vs one device: {sides['largest relative parameter difference']:.1e}")
+                parts.append(f"{precision}: " + ", ".join(states))
+            what = "; ".join(parts)
+        elif name == "calibrate" and "chunk_sweep" in result:
+            sweep = result["chunk_sweep"]
+            what = (f"{result['shape']}: one device {result['one_device_tokens_per_s']:,.0f} tokens/s; "
+                    f"{sweep['devices']} by chunk length: " +
+                    ", ".join(f"{k} {v['vs_one_device']:.2f}x" for k, v in sweep["rows"].items()))
+        elif name == "streams":
+            what = result.get("skipped") or (f"{result.get('races', '?')} race(s) reported over "
+                                             f"{len(result.get('runs', []))} runs")
+        lines.append(f"| {name} | {'yes' if result.get('ok') else 'NO'} | {result.get('seconds')} | {what} |")
+    speed = report["phases"].get("speed", {})
+    if speed.get("rows"):
+        lines += ["", f"Speed ({speed['shape']}):", "", "| system | target tokens/s | vs one device |",
+                  "| --- | ---: | ---: |"]
+        lines += [f"| {r['system']} | {r['tokens_per_s']:,.0f} | {r['vs_one_device']:.2f}x |" for r in speed["rows"]]
+    calibrate = report["phases"].get("calibrate", {})
+    if calibrate.get("predicted"):
+        lines += ["", "Predicted with this machine's host time and one-device rate (`benchmarks/predict_speedups.py`):",
+                  "", calibrate["predicted"]]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when present")
+    parser.add_argument("--phases", default=",".join(PHASES))
+    parser.add_argument("--out", default=os.path.join(REPO, "work", "gpu_check"))
+    parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one)")
+    parser.add_argument("--groups", default="2,4", help="group sizes K for the speed phase")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--updates", type=int, default=8, help="fairseq-train updates per precision run")
+    parser.add_argument("--phase-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--limit", type=float, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase_child:
+        # the hard limit: dump every thread's stack and exit when it passes
+        faulthandler.dump_traceback_later(args.limit, exit=True)
+        result = {}
+        try:
+            globals()[f"phase_{args.phase_child}"](args, result)
+        finally:
+            json.dump(result, open(os.path.join(args.work, f"{args.phase_child}.json"), "w"), indent=2)
+        return 0
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        parser.error(f"unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
+    args.work = args.work or tempfile.mkdtemp(prefix="gpu_check_")
+    os.makedirs(args.work, exist_ok=True)
+    args.limits = dict(LIMITS)
+    report = {"device": args.device, "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+              "torch": torch.__version__, "phases": {}}
+    if torch.cuda.is_available():
+        report["gpu_name"] = torch.cuda.get_device_name(0)
+    for name in phases:
+        print(f"[gpu_check] {name} (limit {args.limits[name]} s) ...", flush=True)
+        report["phases"][name] = run_phase(name, args)
+        print(f"[gpu_check] {name}: {'ok' if report['phases'][name].get('ok') else 'FAILED'} "
+              f"in {report['phases'][name]['seconds']} s", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    json.dump(report, open(os.path.join(args.out, "gpu_check.json"), "w"), indent=2)
+    table = markdown(report)
+    open(os.path.join(args.out, "gpu_check.md"), "w").write(table)
+    print(table)
+    return 0 if all(result.get("ok") for result in report["phases"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,4 @@
+"""The package's commands, one module each, named as the command
+(``pyproject.toml`` maps them): ``fairseq-hybrid-train`` (:mod:`.train`),
+``fairseq-hybrid-average`` (:mod:`.average`), ``fairseq-hybrid-translate``
+(:mod:`.translate`)."""

@@ -1,0 +1,225 @@
+"""What every measurement and check under ``benchmarks/`` does, written once:
+a model from fairseq options (or from a preset on made-up dictionaries), a
+batch on a device, one training step's loss and gradients, timed training
+steps, and a report written as JSON beside its Markdown table.
+
+The scripts import it from the installed package (``scripts/setup.sh``
+installs it in editable mode); the GPU cost model and the predicted step
+they share are the planner's (:mod:`fairseq_hybrid.planning.gpu_costs`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from fairseq import utils
+
+__all__ = [
+    "USER_DIR", "COMMON", "SIZE", "NO_DATA", "read_args", "fairseq_lstm_args", "hybrid_lstm_args", "preset_args", "build",
+    "batches", "on_device", "backward_step", "loss_and_grads", "train_steps", "synchronize", "System", "suite_systems", "write_report",
+]
+
+USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fairseq_hybrid folder
+COMMON = ["--task", "translation", "--source-lang", "ja", "--target-lang", "en", "--cpu", "--dropout", "0.1"]
+SIZE = {"embed": 256, "hidden": 256, "layers": 2}  # hybrid_lstm_base's
+NO_DATA = "no such folder (run recipes/tatoeba_ja_en/run.sh --steps download,prepare,spm,binarize)"
+
+
+# -- model options -------------------------------------------------------------------
+
+
+def fairseq_lstm_args(size=SIZE) -> List[str]:
+    """fairseq's own ``lstm`` at ``size`` (input feeding, every encoder layer bidirectional)."""
+    return [
+        "--arch", "lstm", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--encoder-embed-dim", str(size["embed"]), "--encoder-hidden-size", str(size["hidden"]),
+        "--encoder-layers", str(size["layers"]), "--encoder-bidirectional",
+        "--decoder-embed-dim", str(size["embed"]), "--decoder-hidden-size", str(size["hidden"]),
+        "--decoder-layers", str(size["layers"]), "--decoder-out-embed-dim", str(size["embed"]),
+    ]
+
+
+def hybrid_lstm_args(size=SIZE) -> List[str]:
+    """``hybrid_lstm`` with every encoder layer bidirectional, as in fairseq's
+    lstm, so that the two differ only in input feeding and in how the
+    decoder and loss are run."""
+    return [
+        "--user-dir", USER_DIR,
+        "--arch", "hybrid_lstm", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
+        "--encoder-embed-dim", str(size["embed"]), "--encoder-hidden-size", str(size["hidden"]),
+        "--encoder-layers", str(size["layers"]), "--encoder-bidirectional-layers", str(size["layers"]),
+        "--decoder-embed-dim", str(size["embed"]), "--decoder-hidden-size", str(size["hidden"]),
+        "--decoder-layers", str(size["layers"]), "--decoder-out-embed-dim", str(size["embed"]),
+    ]
+
+
+def preset_args(arch: str = "hybrid_lstm_base", devices: str = "", mode: str = "hybrid", chunk_length: int = 0,
+                placement: str = "", dropout: Optional[float] = None, dropout_masks: str = "") -> List[str]:
+    """A ``hybrid_lstm`` preset, on one device or (``devices``) on a group."""
+    args = ["--user-dir", USER_DIR, "--arch", arch, "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1"]
+    if dropout is not None:
+        args += ["--dropout", str(dropout)]
+    if devices:
+        args += ["--hybrid-devices", devices, "--hybrid-mode", mode, "--hybrid-chunk-length", str(chunk_length)]
+        if placement:
+            args += ["--hybrid-placement", placement]
+        if dropout_masks:
+            args += ["--hybrid-dropout-masks", dropout_masks]
+    return args
+
+
+def read_args(path: str) -> List[str]:
+    """The options of an argument file, one a line (``--name value`` or
+    ``--flag``; the value is the rest of the line): how the main job keeps
+    its training settings (``recipes/tatoeba_ja_en/training.args``), read
+    by its ``run.sh`` alike."""
+    args: List[str] = []
+    with open(path) as file:
+        for line in file:
+            line = line.rstrip("\n")
+            if not line.strip() or line.startswith("#"):
+                continue
+            name, _, value = line.partition(" ")
+            args += [name, value] if value else [name]
+    return args
+
+
+# -- models and batches --------------------------------------------------------------
+
+
+def build(data: str, model_args: List[str]):
+    """Task (train split loaded), model (seed 1) and criterion, from
+    fairseq's own parser."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [data] + COMMON + model_args)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    torch.manual_seed(1)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    return task, model, criterion
+
+
+def batches(task, max_tokens: int, count: int):
+    """The first ``count`` training batches of ``max_tokens`` (seed 1)."""
+    iterator = task.get_batch_iterator(
+        task.dataset("train"), max_tokens=max_tokens, max_positions=(64, 64),
+        ignore_invalid_inputs=True, seed=1,
+    ).next_epoch_itr(shuffle=True)
+    return [next(iterator) for _ in range(count)]
+
+
+def on_device(sample, device):
+    """``sample`` with every tensor on ``device``, as fairseq's trainer puts
+    a batch on ``cuda:0`` (``utils.move_to_cuda``)."""
+    return utils.apply_to_sample(lambda tensor: tensor.to(device), sample)
+
+
+# -- one step ------------------------------------------------------------------------
+
+
+def backward_step(model, criterion, sample) -> Tuple[torch.Tensor, int, Dict]:
+    """What fairseq's ``train_step`` does before the optimizer: gradients
+    cleared, the criterion's loss, its backward divided by the sample size.
+    Returns the criterion's ``(loss, sample_size, logging)``."""
+    model.zero_grad(set_to_none=True)
+    loss, sample_size, logging = criterion(model, sample)
+    (loss / sample_size).backward()
+    return loss, sample_size, logging
+
+
+def loss_and_grads(model, criterion, sample) -> Tuple[torch.Tensor, Dict, Dict[str, torch.Tensor]]:
+    """One step's loss, logging outputs and every parameter's gradient, in
+    host memory (what the exactness checks compare)."""
+    loss, _, logging = backward_step(model, criterion, sample)
+    grads = {name: p.grad.detach().to("cpu").clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach().to("cpu"), logging, grads
+
+
+def synchronize(device) -> None:
+    """Wait for the kernels queued on ``device`` (nothing to wait for on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "cpu"):
+    """fairseq-style training steps; returns (target tokens, seconds).  On a
+    CUDA ``device`` samples move there and the time includes the wait for
+    the queued kernels."""
+    model.train()
+    tokens = 0
+    start = time.perf_counter()
+    for sample in samples:
+        if torch.device(device).type == "cuda":
+            sample = on_device(sample, device)
+        backward_step(model, criterion, sample)
+        optimizer.step()
+        tokens += sample["ntokens"]
+    synchronize(device)
+    return tokens, time.perf_counter() - start
+
+
+# -- the systems of the benchmark suite ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class System:
+    """One way of training the benchmark's model.  ``kind``: fairseq_lstm,
+    one_device, group (``mode`` hybrid, model or data; ``placement``),
+    gloo (K processes of DDP), copies (K independent single-device steps
+    at once: the ceiling).  ``threads``: intra-op threads of the process
+    (a group's workers run one each)."""
+
+    name: str
+    kind: str
+    threads: int = 1
+    mode: str = ""
+    placement: str = ""
+
+    def model_args(self, devices: str) -> List[str]:
+        if self.kind == "fairseq_lstm":
+            return fairseq_lstm_args()
+        if self.kind == "group":
+            return preset_args("hybrid_lstm_base", devices, self.mode, 0, self.placement)
+        return preset_args("hybrid_lstm_base")
+
+
+def suite_systems(k: int) -> List[System]:
+    return [
+        System("fairseq lstm, 1 thread", "fairseq_lstm"),
+        System("fairseq lstm, 2 threads", "fairseq_lstm", threads=2),
+        System("hybrid_lstm_base, 1 device", "one_device"),
+        System(f"hybrid_lstm_base, 1 device, {k} threads", "one_device", threads=k),
+        System(f"hybrid on {k} devices", "group", threads=k, mode="hybrid"),
+        System(f"hybrid on {k} devices, placement auto", "group", threads=k, mode="hybrid", placement="auto"),
+        System(f"pure model parallel on {k} devices", "group", threads=k, mode="model"),
+        System(f"pure data parallel on {k} devices (one process)", "group", threads=k, mode="data"),
+        System(f"data parallel across {k} gloo processes", "gloo"),
+        System(f"{k} independent copies (ceiling)", "copies"),
+    ]
+
+
+# -- reports -------------------------------------------------------------------------
+
+
+def write_report(report: Dict, json_path: Optional[str], markdown: Optional[str] = None) -> None:
+    """``report`` as JSON at ``json_path`` and, where given, its Markdown
+    table beside it (same name, ``.md``); folders made as needed."""
+    if not json_path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as file:
+        json.dump(report, file, indent=2)
+        file.write("\n")
+    if markdown is not None:
+        with open(os.path.splitext(json_path)[0] + ".md", "w") as file:
+            file.write(markdown)

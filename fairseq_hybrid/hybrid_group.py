@@ -1,0 +1,199 @@
+"""The hybrid scheme around one ``hybrid_lstm`` model, in the spirit of
+torchgpipe's ``GPipe(module, balance)``: the model computes, the group
+decides where and how.
+
+A :class:`HybridGroup` is made by the model's ``build_model`` when
+``--hybrid-devices`` is given.  It owns the plan (which device runs which
+layer, checked once from the options), puts the layers on their devices,
+keeps the replicas of the parts that run away from their home device, and
+runs each training step as cells on its workers
+(:mod:`.parallel`), asking the planner (:mod:`.planning`) where
+the options say ``auto``, logging how busy each device was as fairseq
+metrics.  It is not a module: the model's parameter names,
+and so its checkpoints, are the same with and without a group.
+"""
+
+
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple, Union
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.logging import metrics
+from torch import Tensor
+
+from .parallel.cell_graph import DeviceUsage
+from .parallel.device_plan import AUTO, MODES, DevicePlan, build_plan, check_options, chunk_length_option, plan_table
+from .parallel.replicas import ModelReplicas
+from .parallel.step_cells import build_data_parallel_step, build_hybrid_step, run_step
+from .parallel.worker import DEFAULT_TIMEOUT
+from .planning import ChunkLengthChooser, CostModel, auto_placement
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HybridGroupConfig(FairseqDataclass):
+    """The ``--hybrid-*`` options, which every ``hybrid_lstm`` model takes
+    (its config inherits them); :meth:`HybridGroup.from_options` reads
+    them."""
+
+    hybrid_devices: str = field(
+        default="",
+        metadata={
+            "help": "devices of one hybrid group: cuda:0,cuda:1,... or cpu,cpu,... or a count K; "
+            "empty: the single device fairseq puts the model on"
+        },
+    )
+    hybrid_placement: str = field(
+        default="",
+        metadata={
+            "help": "device index of every layer, 'encoder=0,1,0,1;decoder=0,1,0,1'; "
+            "empty: encoder and decoder layer l on device l mod K; auto: the placement with the "
+            "shortest simulated step (under --hybrid-cost-model, or counting floating-point operations)"
+        },
+    )
+    hybrid_cost_model: str = field(
+        default="",
+        metadata={
+            "help": "for --hybrid-placement auto and --hybrid-chunk-length auto: cell costs measured on your "
+            "devices, the JSON file that benchmarks/simulate_schedule.py --json writes (or a cost model saved "
+            "alone); empty: every floating-point operation costs the same (plus, for the chunk length, the "
+            "host time per cell measured on CPU)"
+        },
+    )
+    hybrid_chunk_length: str = field(
+        default="0",
+        metadata={
+            "help": "time steps per wavefront cell of the LSTM stacks; 0: split each sequence into as many "
+            "chunks as there are devices; auto: for each batch shape, the length whose simulated step is "
+            "shortest (under --hybrid-cost-model, or counting floating-point operations and the host time "
+            "per cell measured on CPU)"
+        },
+    )
+    hybrid_dropout_masks: ChoiceEnum(["per-cell", "single-device"]) = field(
+        default="per-cell",
+        metadata={
+            "help": "per-cell: each cell draws its dropout masks from its own seeded generator, in parallel; "
+            "single-device: the group draws exactly the masks the single-device model would draw (from torch's "
+            "global generator, one after another) so it trains exactly like one device, dropout included"
+        },
+    )
+    hybrid_timeout: float = field(
+        default=DEFAULT_TIMEOUT,
+        metadata={
+            "help": "seconds a hybrid group may take for the forward or the backward pass of one batch before "
+            "training stops with an error naming the device and the cell it is stuck in"
+        },
+    )
+    hybrid_mode: ChoiceEnum(MODES) = field(
+        default="hybrid",
+        metadata={
+            "help": "hybrid: layers model-parallel, attention-softmax data-parallel over batch shards; "
+            "model: layers model-parallel only; data: whole-model replicas over batch shards"
+        },
+    )
+
+
+class HybridGroup:
+    def __init__(self, model, plan: DevicePlan, chunk_length: Union[int, str] = 0, dropout_masks: str = "per-cell",
+                 timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None):
+        self.model = model
+        self.plan = plan
+        self.chunk_length = chunk_length_option(chunk_length)
+        # --hybrid-chunk-length auto: a length per batch shape (hybrid and model mode; data mode has no chunks)
+        self.chunk_chooser = (ChunkLengthChooser(model, plan, cost_model)
+                              if self.chunk_length == AUTO and plan.mode != "data" else None)
+        self.dropout_masks = dropout_masks
+        self.timeout = timeout
+        self.replicas = ModelReplicas(model)
+        self.place()
+
+    @classmethod
+    def from_options(cls, model, cfg) -> Optional["HybridGroup"]:
+        """The group the ``--hybrid-*`` options ask for (None without
+        ``--hybrid-devices``), its layers already on their devices."""
+        check_options(cfg)
+        if not cfg.hybrid_devices:
+            return None
+        placement = cfg.hybrid_placement
+        if placement == "auto" and cfg.hybrid_mode != "data":
+            placement = auto_placement(model, cfg)
+        plan = build_plan(cfg.hybrid_devices, placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers)
+        cost_file = getattr(cfg, "hybrid_cost_model", "")
+        group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout),
+                    CostModel.load(cost_file) if cost_file else None)
+        logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, group.placement_table())
+        return group
+
+    def place(self) -> None:
+        """Move every layer to its device: embeddings with the bottom layer,
+        bridges with their decoder layer, the attention-softmax master (and
+        a tied output embedding) with the bottom decoder layer."""
+        plan, model = self.plan, self.model
+        encoder, decoder = model.encoder.stack, model.decoder.stack
+        encoder.embed_tokens.to(plan.encoder_device(0))
+        for layer, module in enumerate(encoder.layers):
+            module.to(plan.encoder_device(layer))
+        decoder.embed_tokens.to(plan.decoder_device(0))
+        for layer, module in enumerate(decoder.layers):
+            for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
+                part.to(plan.decoder_device(layer))
+        model.decoder.attention_softmax.to(plan.decoder_device(0))
+
+    def placement_rows(self) -> List[Tuple[str, str, int]]:
+        """``(part, device, parameters)`` of every placed part."""
+        encoder, decoder = self.model.encoder.stack, self.model.decoder.stack
+
+        def count(*modules):
+            return sum(p.numel() for m in modules for p in m.parameters())
+
+        def where(module):
+            return str(next(module.parameters()).device)
+
+        rows = [("encoder embeddings", where(encoder.embed_tokens), count(encoder.embed_tokens))]
+        for layer, module in enumerate(encoder.layers):
+            kind = "bidirectional" if module.bidirectional else "LSTM"
+            rows.append((f"encoder layer {layer} ({kind})", where(module), count(module)))
+        rows.append(("decoder embeddings", where(decoder.embed_tokens), count(decoder.embed_tokens)))
+        for layer, module in enumerate(decoder.layers):
+            rows.append((f"decoder layer {layer} (+bridge)", where(module),
+                         count(module, decoder.bridges_h[layer], decoder.bridges_c[layer])))
+        part = self.model.decoder.attention_softmax
+        shards = ", ".join(str(d) for d in self.plan.shard_devices)
+        shared = part.output_weight is decoder.embed_tokens.weight
+        rows.append(("attention-softmax" + (" (tied)" if shared else ""), f"master {where(part)}; shards {shards}",
+                     count(part) - (part.output_weight.numel() if shared else 0)))
+        return rows
+
+    def placement_table(self) -> str:
+        rows = [(name, device, f"{params:,}") for name, device, params in self.placement_rows()]
+        return plan_table([("part", "device", "parameters")] + rows)
+
+    def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss) -> Tuple[Tensor, ...]:
+        """The summed shard losses of one batch, its cells run on the
+        group's workers; their backward runs the reverse wavefront."""
+        masks = self.dropout_masks == "single-device"
+        if self.plan.mode == "data":
+            built = build_data_parallel_step(self.model, self.plan, net_input, target, shard_loss, self.replicas,
+                                             masks)
+        else:
+            chunk_length = self.chunk_length
+            if self.chunk_chooser is not None:
+                chunk_length = self.chunk_chooser(net_input, target)
+                metrics.log_scalar("chunk_len", chunk_length, weight=1, round=1)
+            built = build_hybrid_step(self.model, self.plan, net_input, target, shard_loss, chunk_length,
+                                      self.replicas, masks)
+        return run_step(built, self.timeout, log_device_usage)
+
+
+def log_device_usage(usage: DeviceUsage) -> None:
+    """fairseq metrics of one training step, averaged over each
+    ``--log-interval`` like fairseq's own: ``devK_busy``, the fraction of
+    the step's forward and backward wall time device K spent running cells,
+    and ``group_fill``, their mean (1.0: no device ever waited).  On CUDA
+    these are host times, what the workers spent queueing their cells."""
+    fractions = usage.fractions()
+    for index, fraction in enumerate(fractions):
+        metrics.log_scalar(f"dev{index}_busy", fraction, weight=1, round=2)
+    metrics.log_scalar("group_fill", sum(fractions) / len(fractions), weight=1, round=2)

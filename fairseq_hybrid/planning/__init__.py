@@ -1,0 +1,12 @@
+"""The planner: how a group should run, decided before and between steps
+by replaying the engine's own cells in a schedule simulator.  The group
+(:mod:`fairseq_hybrid.hybrid_group`) asks it for a placement
+(``--hybrid-placement auto``) and a chunk length per batch shape
+(``--hybrid-chunk-length auto``); scripts ask it for predicted speed-ups.
+It uses only the engine's face (:mod:`fairseq_hybrid.parallel`)."""
+
+from .chunk_choice import ChunkLengthChooser
+from .placement_search import auto_placement
+from .schedule_simulator import CostModel
+
+__all__ = ["ChunkLengthChooser", "CostModel", "auto_placement"]

@@ -1,0 +1,103 @@
+"""``--hybrid-chunk-length auto``: for each batch shape, the chunk length
+whose simulated step is shortest.
+
+More time chunks per sequence shorten the wavefront's fill and drain (with
+C chunks on K stages the recurrent part cannot beat ``KC / (C + K - 1)``),
+but every chunk is a cell of each layer, and every cell costs host time
+(op dispatch, the engine's hand-offs), which on a GPU is a floor under the
+cell however little arithmetic it holds.  Which length wins depends on the
+batch's shape and on the machine, so the group asks the schedule simulator
+(:func:`.schedule_simulator.step_time`, the engine's own cells replayed)
+for each new shape, under the cost model of ``--hybrid-cost-model`` (cell
+times measured on the user's devices by ``benchmarks/simulate_schedule.py
+--json``) or :func:`default_cost_model`, and keeps the answer.  Every chunk
+length computes the same loss and gradients (a layer's chunks chained
+give the whole layer), so the choice changes speed only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Dict, List, Optional, Tuple
+
+from torch import Tensor
+
+from ..parallel import DevicePlan, time_chunks
+from .schedule_simulator import CostModel, step_time
+
+logger = logging.getLogger(__name__)
+
+CANDIDATE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+SENTENCE_BUCKET = 8  # shapes whose sentence counts round up to the same multiple share a choice
+
+HOST_SECONDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_seconds_per_cell.json")
+
+
+def measured_host_seconds() -> Dict[str, float]:
+    """Host seconds per cell call, by cell kind and phase, as measured on
+    CPU (the file says where and how)."""
+    with open(HOST_SECONDS_FILE) as file:
+        return {kind: float(seconds) for kind, seconds in json.load(file)["seconds"].items()}
+
+
+def default_cost_model() -> CostModel:
+    """Without ``--hybrid-cost-model``: every floating-point operation costs
+    the same (the simulator's default rate) plus the measured host time of
+    each cell call.  Without the host time the finest chunks would always
+    win; a cost model measured on the user's own devices is better still."""
+    return CostModel(fixed=measured_host_seconds(),
+                     note="floating-point operations plus the engine's host time per cell measured on CPU")
+
+
+def candidate_lengths(source_width: int, target_width: int) -> List[int]:
+    """0 (one chunk per device), every candidate shorter than the longer
+    side, and the longer side itself (one chunk a layer: no wavefront)."""
+    longest = max(source_width, target_width, 1)
+    return [0] + [length for length in CANDIDATE_LENGTHS if length < longest] + [longest]
+
+
+class ChunkLengthChooser:
+    """The chunk length of each batch shape, chosen once per shape."""
+
+    def __init__(self, model, plan: DevicePlan, cost: Optional[CostModel] = None):
+        self.model = model
+        self.plan = plan
+        self.cost = cost or default_cost_model()
+        self.choices: Dict[Tuple[int, int, int], int] = {}
+
+    @staticmethod
+    def shape(net_input: Dict[str, Tensor]) -> Tuple[int, int, int]:
+        sentences, source_width = net_input["src_tokens"].shape
+        sentences = -(-sentences // SENTENCE_BUCKET) * SENTENCE_BUCKET
+        return sentences, source_width, net_input["prev_output_tokens"].size(1)
+
+    def __call__(self, net_input: Dict[str, Tensor], target: Tensor) -> int:
+        key = self.shape(net_input)
+        if key not in self.choices:
+            self.choices[key] = self.choose(net_input, target)
+        return self.choices[key]
+
+    def predicted_seconds(self, net_input: Dict[str, Tensor], target: Tensor) -> Dict[int, float]:
+        """The simulated step of every candidate length for this batch."""
+        source_width = net_input["src_tokens"].size(1)
+        target_width = net_input["prev_output_tokens"].size(1)
+        return {length: step_time(self.model, self.plan, net_input, target, self.cost, length).total
+                for length in candidate_lengths(source_width, target_width)}
+
+    def choose(self, net_input: Dict[str, Tensor], target: Tensor) -> int:
+        """The fastest candidate; between near-equal ones (within 0.1%),
+        the one with the fewest cells (the least host work), 0 first."""
+        times = self.predicted_seconds(net_input, target)
+        widths = (net_input["src_tokens"].size(1), net_input["prev_output_tokens"].size(1))
+
+        def cells(length: int) -> int:
+            return sum(len(time_chunks(width, length, self.plan.size)) for width in widths)
+
+        best_time = min(times.values())
+        near = [length for length, seconds in times.items() if seconds <= best_time * 1.001]
+        chosen = min(near, key=lambda length: (cells(length), length != 0, length))
+        logger.debug("--hybrid-chunk-length auto: %s -> %d (predicted %.2f ms; %s)", self.shape(net_input), chosen,
+                     times[chosen] * 1000, ", ".join(f"{k}: {v * 1000:.2f}" for k, v in times.items()))
+        return chosen

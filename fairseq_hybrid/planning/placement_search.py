@@ -1,0 +1,102 @@
+"""``--hybrid-placement auto``: the placement of the layers on K devices
+whose simulated step is shortest.
+
+Candidates are scored by the schedule simulator
+(:func:`.schedule_simulator.step_time`) on a nominal batch, under a cost
+model measured on the user's devices (``--hybrid-cost-model``) or, without
+one, one where every floating-point operation costs the same.  Every
+placement is tried when there are few enough, otherwise a local search
+moves one layer at a time from the default.  Scripts and tests simulate
+models they never train on a parameter-free twin (:mod:`.twin_model`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from ..parallel import AUTO, build_plan, chunk_length_option, default_placement, parse_devices, placement_text
+from .schedule_simulator import CostModel, StepTime, step_time
+from .twin_model import batch
+
+logger = logging.getLogger(__name__)
+
+NOMINAL_BATCH = (64, 24, 24)  # sentences, source length, target length
+
+
+def placements(encoder_layers: int, decoder_layers: int, devices: int):
+    """Every placement of the layers on ``devices`` devices as option text."""
+    for assignment in itertools.product(range(devices), repeat=encoder_layers + decoder_layers):
+        yield placement_text(assignment[:encoder_layers], assignment[encoder_layers:])
+
+
+class Choice(NamedTuple):
+    placement: str  # as --hybrid-placement text
+    time: StepTime  # its predicted step
+    default_time: StepTime  # the default placement's predicted step
+
+
+def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[CostModel] = None,
+                   shape: Tuple[int, int, int] = NOMINAL_BATCH, limit: int = 4096) -> Choice:
+    """The placement with the shortest predicted hybrid step: all placements
+    when there are at most ``limit``, otherwise a local search from the
+    default (move one layer at a time while that helps).  The default stays
+    unless another is predicted to be faster."""
+    cost = cost or CostModel()
+    # With --hybrid-chunk-length auto, placements are compared at K chunks a
+    # sequence (the chunk length is then chosen per batch for the placement).
+    chunk_length = chunk_length_option(getattr(cfg, "hybrid_chunk_length", 0))
+    chunk_length = 0 if chunk_length == AUTO else chunk_length
+    sentences, source_length, target_length = shape
+    net_input, target = batch(sentences, [source_length] * sentences, target_length)
+    names = ",".join(str(d) for d in devices)
+    layers = (cfg.encoder_layers, cfg.decoder_layers)
+    times: Dict[str, StepTime] = {}
+
+    def evaluate(placement: str) -> float:
+        if placement not in times:
+            plan = build_plan(names, placement, "hybrid", *layers)
+            times[placement] = step_time(model, plan, net_input, target, cost, chunk_length)
+        return times[placement].total
+
+    k = len(devices)
+    encoder, decoder = default_placement(*layers, k)
+    default = best = placement_text(encoder, decoder)
+    best_total = evaluate(best)
+    if k ** sum(layers) <= limit:
+        for candidate in placements(*layers, k):
+            total = evaluate(candidate)
+            if total < best_total * (1 - 1e-6):
+                best, best_total = candidate, total
+        return Choice(best, times[best], times[default])
+    improved = True
+    while improved:
+        improved = False
+        for part, index, device in itertools.product((0, 1), range(max(layers)), range(k)):
+            current = [list(encoder), list(decoder)]
+            if index >= len(current[part]) or current[part][index] == device:
+                continue
+            current[part][index] = device
+            candidate = placement_text(*current)
+            total = evaluate(candidate)
+            if total < best_total:
+                best, best_total, (encoder, decoder), improved = candidate, total, current, True
+    return Choice(best, times[best], times[default])
+
+
+def auto_placement(model, cfg) -> str:
+    """The placement ``--hybrid-placement auto`` chooses for ``model`` on
+    ``--hybrid-devices``, logged with its predicted gain."""
+    cost_file = getattr(cfg, "hybrid_cost_model", "")
+    cost = CostModel.load(cost_file) if cost_file else CostModel()
+    choice = best_placement(model, cfg, parse_devices(cfg.hybrid_devices), cost)
+    logger.info(
+        "--hybrid-placement auto: %s (predicted step: %.1f%% of the default placement's, for a nominal "
+        "batch of %d sentences of %d source and %d target tokens; %s)", choice.placement,
+        100 * choice.time.total / choice.default_time.total, *NOMINAL_BATCH,
+        f"cost model {cost_file}" if cost_file else "floating-point operations only",
+    )
+    return choice.placement

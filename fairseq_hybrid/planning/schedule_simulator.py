@@ -1,0 +1,281 @@
+"""The schedule simulator: a step's cells replayed with a cost model, to
+predict the step's time on other machines (and for other placements).
+
+The hybrid engine runs a step as cells in a fixed order per device
+(:mod:`.wavefront`).  Given what each cell costs, replaying that order
+with the same dependencies gives the step's time without running it:
+
+* forward: every device runs its cells in clock order; a cell starts once
+  its device is free and every input has arrived (its producer finished,
+  plus the link's latency and transfer time when the producer is another
+  device);
+* backward: the reverse order, a cell waiting for the gradients of all
+  cells that read it;
+* replicated parts (:mod:`.replicas`): each replica's parameter copy
+  leaves its master's device when the step starts, one copy after another
+  on that device's link, and the replica's first cell waits for it; its
+  gradient copy leaves once the replica's last cell has run backward, one
+  after another on the link into the master's device, and the step ends
+  when the last one has arrived;
+* plus the step's fixed cost outside the cells (optimizer, criterion glue).
+
+Costs come from a :class:`CostModel`: floating-point operations per cell
+(from the cell's :class:`~.cell_graph.Work`) divided by a rate per kind of
+cell and phase, plus a fixed cost per cell call; rates and fixed costs are
+fitted to cell times measured on this machine (:func:`fit`) or given for
+a device we do not have.
+
+:func:`step_time` lays out the cells with the engine's own step builder
+(:mod:`.step_cells`, on any model, even one whose parameters live on
+torch's ``meta`` device) and replays them, so the simulated schedule is
+the engine's schedule, cell for cell.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..parallel import (Cell, CellSpec, CellTime, DevicePlan, DevicePlanError, Work, build_data_parallel_step,
+                        build_hybrid_step, clocks)
+
+PHASES = ("forward", "backward")
+BYTES_PER_VALUE = 4  # fp32 activations
+
+
+def flops(work: Work, phase: str) -> float:
+    """Floating-point operations of a cell (multiply-add = 2)."""
+    if work.kind == "lstm":
+        input_size, hidden = work.sizes[:2]
+        forward = 8.0 * hidden * (input_size + hidden) * work.tokens  # 4 gates
+        return forward if phase == "forward" else 2.0 * forward
+    if work.kind == "attention_softmax":
+        hidden, context, out_dim, vocab, source_length = work.sizes
+        attention = 2.0 * hidden * context + 4.0 * source_length * context + 2.0 * (context + hidden) * out_dim
+        if phase == "forward":
+            # the fused output loss computes logits and both of their
+            # gradients in the forward pass: three V x D products
+            return work.tokens * (attention + 6.0 * out_dim * vocab + 10.0 * vocab)
+        return work.tokens * 2.0 * attention
+    if work.kind in ("embedding", "gather"):
+        return float(work.tokens * work.sizes[0])
+    raise ValueError(f"no cost formula for cells of kind {work.kind!r}")
+
+
+def input_bytes(work: Work) -> float:
+    """Bytes a cell reads from other cells (what crosses a link)."""
+    if work.kind == "lstm":
+        return BYTES_PER_VALUE * work.tokens * work.sizes[0]
+    if work.kind == "attention_softmax":  # decoder states and (about) the shard's encoder states
+        hidden, context = work.sizes[:2]
+        return BYTES_PER_VALUE * work.tokens * (hidden + context)
+    return BYTES_PER_VALUE * work.tokens * (work.sizes[0] if work.sizes else 1)
+
+
+@dataclass
+class CostModel:
+    """Seconds of a cell: ``flops / rate[kind/phase] + fixed[kind/phase]``."""
+
+    rates: Dict[str, float] = field(default_factory=dict)  # flop/s
+    fixed: Dict[str, float] = field(default_factory=dict)  # seconds per cell call
+    per_step: Dict[str, float] = field(default_factory=dict)  # seconds per time step of an LSTM cell (latency-bound GPUs)
+    step_overhead: float = 0.0  # seconds per step outside the cells
+    link_bandwidth: float = float("inf")  # bytes/s between two devices
+    link_latency: float = 0.0  # seconds per transfer between two devices
+    slowdown: float = 1.0  # per-cell time factor when all devices run at once (shared memory bandwidth)
+    default_rate: float = 1e10
+    note: str = ""
+
+    def seconds(self, work: Work, phase: str) -> float:
+        key = f"{work.kind}/{phase}"
+        seconds = flops(work, phase) / self.rates.get(key, self.default_rate) + self.fixed.get(key, 0.0)
+        if work.kind == "lstm" and key in self.per_step:
+            seconds += self.per_step[key] * work.sizes[2]
+        return seconds
+
+    def transfer(self, work: Work) -> float:
+        if self.link_bandwidth == float("inf"):
+            return self.link_latency
+        return self.link_latency + input_bytes(work) / self.link_bandwidth
+
+    @classmethod
+    def load(cls, path: str) -> "CostModel":
+        """The cost model in ``path``: ``benchmarks/simulate_schedule.py
+        --json`` output (its ``cost_model``) or a cost model alone.  A
+        missing or malformed file is a DevicePlanError naming it (the file
+        is given as ``--hybrid-cost-model``)."""
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return cls(**data.get("cost_model", data))
+        except (OSError, ValueError, TypeError, AttributeError) as error:
+            raise DevicePlanError(f"--hybrid-cost-model {path}: not a cost model ({error}); write one with "
+                                  "benchmarks/simulate_schedule.py DATA --json FILE") from error
+
+
+def fit(samples: Sequence[Tuple[Work, str, float]], step_overhead: float = 0.0) -> CostModel:
+    """Least squares per kind and phase: ``seconds = flops / rate +
+    per_step * time steps (LSTM cells) + fixed``.  Terms that come out
+    negative are dropped and the rest refitted."""
+    import numpy as np
+
+    groups: Dict[str, List[Tuple[Work, str, float]]] = {}
+    for sample in samples:
+        groups.setdefault(f"{sample[0].kind}/{sample[1]}", []).append(sample)
+    model = CostModel(step_overhead=step_overhead)
+    for key, points in groups.items():
+        columns = {"flops": [flops(work, phase) for work, phase, _ in points], "fixed": [1.0] * len(points)}
+        if points[0][0].kind == "lstm":
+            columns["steps"] = [float(work.sizes[2]) for work, _, _ in points]
+        y = np.array([seconds for _, _, seconds in points])
+        names = list(columns)
+        while True:
+            x = np.array([columns[name] for name in names]).T
+            coefficients = np.linalg.lstsq(x, y, rcond=None)[0]
+            negative = [name for name, value in zip(names, coefficients) if value < 0]
+            if not negative or len(names) == 1:
+                break
+            names.remove(negative[0])
+        values = dict(zip(names, np.clip(coefficients, 0, None)))
+        model.rates[key] = 1.0 / values["flops"] if values.get("flops", 0) > 0 else float("inf")
+        model.fixed[key] = float(values.get("fixed", 0.0))
+        if "steps" in values:
+            model.per_step[key] = float(values["steps"])
+    return model
+
+
+def samples_from_trace(trace: Sequence[CellTime]) -> List[Tuple[Work, str, float]]:
+    """``(work, phase, seconds)`` of every recorded cell that has its work."""
+    return [(entry.work, entry.phase, entry.end - entry.start) for entry in trace if entry.work is not None]
+
+
+@dataclass
+class StepTime:
+    forward: float
+    backward: float
+    extra: float  # outside the cells: the step overhead
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.extra
+
+
+class ReplicaCopy(NamedTuple):
+    """A replica's copies for the simulator: ``worker`` runs ``cells`` on a
+    replica of ``values`` parameters whose master is on worker ``home``'s
+    device."""
+
+    worker: int
+    home: int
+    cells: Tuple[int, ...]
+    values: int
+
+
+def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device: Optional[Sequence[int]] = None,
+           cell_seconds=None, copies: Sequence[ReplicaCopy] = ()) -> Tuple[float, float]:
+    """Forward and backward makespans of ``cells`` on ``num_workers``
+    devices.  ``same_device[w]``: an id per worker; workers with the same
+    id share a device (no link).  ``cell_seconds(cell, phase)`` overrides
+    the cost model (used for whole-model cells).  ``copies``: the replicas'
+    parameter copies (before their first cell) and gradient copies (after
+    their last cell's backward), each on the link of its master's device."""
+    same_device = list(same_device) if same_device is not None else list(range(num_workers))
+    seconds = cell_seconds or (lambda cell, phase: cost.seconds(cell.work, phase))
+    factor = cost.slowdown if num_workers > 1 else 1.0
+    cell_clocks = clocks([CellSpec(cell.worker, cell.inputs) for cell in cells])
+    order = sorted(range(len(cells)), key=lambda i: (cell_clocks[i], i))
+
+    def crosses(a: Cell, b: Cell) -> bool:
+        return same_device[a.worker] != same_device[b.worker]
+
+    copies = [copy for copy in copies if same_device[copy.worker] != same_device[copy.home]]
+
+    def copy_seconds(copy: ReplicaCopy) -> float:
+        return cost.link_latency + BYTES_PER_VALUE * copy.values / cost.link_bandwidth
+
+    # parameters: queued at the start, one after another out of each master's device
+    not_before = [0.0] * len(cells)
+    link_free: Dict[int, float] = {}
+    for copy in copies:
+        source = same_device[copy.home]
+        link_free[source] = link_free.get(source, 0.0) + copy_seconds(copy)
+        for i in copy.cells:
+            not_before[i] = max(not_before[i], link_free[source])
+
+    free = [0.0] * num_workers
+    finish = [0.0] * len(cells)
+    for i in order:
+        cell = cells[i]
+        ready = not_before[i]
+        for producer, _ in cell.inputs:
+            arrival = finish[producer] + (cost.transfer(cell.work) if crosses(cells[producer], cell) else 0.0)
+            ready = max(ready, arrival)
+        finish[i] = max(ready, free[cell.worker]) + factor * seconds(cell, "forward")
+        free[cell.worker] = finish[i]
+    forward = max(finish, default=0.0)
+
+    consumers: List[List[int]] = [[] for _ in cells]
+    for i, cell in enumerate(cells):
+        for producer, _ in cell.inputs:
+            if i not in consumers[producer]:
+                consumers[producer].append(i)
+    free = [0.0] * num_workers
+    done = [0.0] * len(cells)
+    for i in reversed(order):
+        cell = cells[i]
+        ready = 0.0
+        for consumer in consumers[i]:
+            arrival = done[consumer] + (cost.transfer(cell.work) if crosses(cells[consumer], cell) else 0.0)
+            ready = max(ready, arrival)
+        done[i] = max(ready, free[cell.worker]) + factor * seconds(cell, "backward")
+        free[cell.worker] = done[i]
+    backward = max(done, default=0.0)
+    # gradients: each sent once its replica's last cell is done, one after
+    # another into each master's device
+    link_free = {}
+    for sent, copy in sorted((max(done[i] for i in copy.cells), copy) for copy in copies):
+        destination = same_device[copy.home]
+        link_free[destination] = max(link_free.get(destination, 0.0), sent) + copy_seconds(copy)
+        backward = max(backward, link_free[destination])
+    return forward, backward
+
+
+def _no_loss(*args):
+    raise RuntimeError("simulated cells are never run")
+
+
+def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk_length: int = 0,
+              physical_devices: Optional[Sequence[int]] = None, transform=None,
+              replica_copies: bool = True) -> StepTime:
+    """Predicted time of one step of ``model`` under ``plan``.  ``transform``:
+    a function of the step's cells returning the cells to replay instead
+    (``hybrid`` and ``model`` mode; for what-if analyses of dependencies).
+    ``replica_copies=False``: the replicas' parameter and gradient copies
+    cost nothing (a what-if: links that never hold up a cell)."""
+    if plan.mode == "data":
+        built = build_data_parallel_step(model, plan, net_input, target, _no_loss)
+        single = DevicePlan([plan.devices[0]], [0] * len(plan.encoder), [0] * len(plan.decoder), "hybrid")
+        shard_cost: Dict[int, Tuple[float, float]] = {}  # by the shard's first row
+
+        def whole_model(cell, phase):
+            rows = slice(*cell.work.sizes)
+            if rows.start not in shard_cost:
+                sub_input = {key: value[rows] for key, value in net_input.items()}
+                sub = build_hybrid_step(model, single, sub_input, target[rows], _no_loss, chunk_length)
+                shard_cost[rows.start] = replay(sub.step.cells, 1, cost)
+            return shard_cost[rows.start][0 if phase == "forward" else 1]
+
+        copies = replica_copies and _copies(built)
+        forward, backward = replay(built.step.cells, plan.size, cost, physical_devices, whole_model, copies or ())
+    else:
+        built = build_hybrid_step(model, plan, net_input, target, _no_loss, chunk_length)
+        cells = transform(built.step.cells) if transform is not None else built.step.cells
+        copies = replica_copies and _copies(built)
+        forward, backward = replay(cells, plan.size, cost, physical_devices, copies=copies or ())
+    return StepTime(forward, backward, cost.step_overhead)
+
+
+def _copies(built) -> List[ReplicaCopy]:
+    return [ReplicaCopy(use.worker, use.home, use.cells, sum(p.numel() for p in use.replicas.master.parameters()))
+            for use in built.replica_uses]
