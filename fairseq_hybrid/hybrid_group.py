@@ -71,6 +71,15 @@ class HybridGroupConfig(FairseqDataclass):
             "per cell measured on CPU)"
         },
     )
+    hybrid_micro_batches: int = field(
+        default=1,
+        metadata={
+            "help": "micro-batches per batch (hybrid and model mode): the batch's sentences cut into this many "
+            "slices of near-equal tokens that follow one another through the devices, so that a device's "
+            "layer works on one while the next device works on the one before and the attention-softmax "
+            "part on an earlier one; the loss and gradients are the batch's whatever the count"
+        },
+    )
     hybrid_dropout_masks: ChoiceEnum(["per-cell", "single-device"]) = field(
         default="per-cell",
         metadata={
@@ -97,12 +106,13 @@ class HybridGroupConfig(FairseqDataclass):
 
 class HybridGroup:
     def __init__(self, model, plan: DevicePlan, chunk_length: Union[int, str] = 0, dropout_masks: str = "per-cell",
-                 timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None):
+                 timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None, micro_batches: int = 1):
         self.model = model
         self.plan = plan
+        self.micro_batches = micro_batches
         self.chunk_length = chunk_length_option(chunk_length)
         # --hybrid-chunk-length auto: a length per batch shape (hybrid and model mode; data mode has no chunks)
-        self.chunk_chooser = (ChunkLengthChooser(model, plan, cost_model)
+        self.chunk_chooser = (ChunkLengthChooser(model, plan, cost_model, micro_batches)
                               if self.chunk_length == AUTO and plan.mode != "data" else None)
         self.dropout_masks = dropout_masks
         self.timeout = timeout
@@ -122,7 +132,7 @@ class HybridGroup:
         plan = build_plan(cfg.hybrid_devices, placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers)
         cost_file = getattr(cfg, "hybrid_cost_model", "")
         group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout),
-                    CostModel.load(cost_file) if cost_file else None)
+                    CostModel.load(cost_file) if cost_file else None, getattr(cfg, "hybrid_micro_batches", 1))
         logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, group.placement_table())
         return group
 
@@ -183,7 +193,7 @@ class HybridGroup:
                 chunk_length = self.chunk_chooser(net_input, target)
                 metrics.log_scalar("chunk_len", chunk_length, weight=1, round=1)
             built = build_hybrid_step(self.model, self.plan, net_input, target, shard_loss, chunk_length,
-                                      self.replicas, masks)
+                                      self.replicas, masks, self.micro_batches)
         return run_step(built, self.timeout, log_device_usage)
 
 

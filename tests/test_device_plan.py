@@ -55,9 +55,23 @@ def test_data_mode_may_use_more_devices_than_layers():
 
 
 def test_placement_without_devices_is_refused():
-    with pytest.raises(ValueError, match="--hybrid-placement and --hybrid-cost-model need --hybrid-devices"):
+    needs = "--hybrid-placement, --hybrid-cost-model and --hybrid-micro-batches need --hybrid-devices"
+    with pytest.raises(ValueError, match=needs):
         build_model("hybrid_lstm_tiny", hybrid_placement="encoder=0,0;decoder=0,0")
-    with pytest.raises(ValueError, match="--hybrid-placement and --hybrid-cost-model need --hybrid-devices"):
+    with pytest.raises(ValueError, match=needs):
         build_model("hybrid_lstm_tiny", hybrid_cost_model="simulation.json")
+    with pytest.raises(ValueError, match=needs):
+        build_model("hybrid_lstm_tiny", hybrid_micro_batches=2)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_a_bad_micro_batch_count_is_refused(value):
+    with pytest.raises(DevicePlanError, match="--hybrid-micro-batches must be a whole number >= 1"):
+        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_micro_batches=value)
+
+
+def test_micro_batches_in_data_mode_are_refused():
+    with pytest.raises(DevicePlanError, match="--hybrid-micro-batches is for --hybrid-mode hybrid and model"):
+        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_mode="data", hybrid_micro_batches=2)
 
 

@@ -126,11 +126,12 @@ def test_reset_optimizer_alone(binarized, tmp_path, group):
 def test_log_formats_tensorboard_and_the_groups_device_metrics(binarized, tmp_path, group):
     """--log-format json (every line parses; a group adds devK_busy and
     group_fill, fractions of the step, to every train_inner line, and, with
-    --hybrid-chunk-length auto, chunk_len, the length it chose), --log-format
-    tqdm, and --tensorboard-logdir writing event files out of the box."""
+    --hybrid-chunk-length auto, chunk_len, the length it chose; the group
+    runs 2 micro-batches a batch), --log-format tqdm, and
+    --tensorboard-logdir writing event files out of the box."""
     import json
 
-    auto = ["--hybrid-chunk-length", "auto"] if group else []
+    auto = ["--hybrid-chunk-length", "auto", "--hybrid-micro-batches", "2"] if group else []
     log = train(binarized, tmp_path / "json", "4", "--lr", "0.005", "--log-format", "json", "--log-interval", "1",
                 "--tensorboard-logdir", tmp_path / "tb", *group, *auto)
     inner = [json.loads(line.split("| INFO | train_inner | ", 1)[1]) for line in log.splitlines()

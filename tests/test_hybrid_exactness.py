@@ -63,3 +63,39 @@ def test_dropout_with_a_fixed_seed_gives_identical_runs(mode, dictionaries):
     assert not torch.equal(loss_and_grads(model, criterion, sample)[0], runs[0][0])
 
 
+
+
+@pytest.mark.parametrize("chunk_length", [0, "auto"])
+@pytest.mark.parametrize("mode", ["hybrid", "model"])
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+@pytest.mark.parametrize("micro_batches", [2, 4])
+def test_micro_batches_compute_the_batchs_step(micro_batches, count, mode, chunk_length, dictionaries):
+    """--hybrid-micro-batches M: the batch's rows in M slices, each its own
+    chain of cells; the loss sums add up to the batch's, so loss, logging
+    and gradients equal one device's on the whole batch."""
+    check_equal(["cpu"] * count, mode, dictionaries,
+                group_options={"hybrid_micro_batches": micro_batches, "hybrid_chunk_length": chunk_length})
+
+
+def test_micro_batches_are_chains_of_their_own(dictionaries):
+    """Each micro-batch's cells are named for its rows and read only cells
+    of their own micro-batch; together the slices cover every row once,
+    with near-equal tokens."""
+    from fairseq_hybrid.parallel.step_cells import build_hybrid_step, micro_batch_rows
+
+    src_dict, tgt_dict = dictionaries
+    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "2", "hybrid_micro_batches": 3})
+    net_input, target = sample["net_input"], sample["target"]
+    rows = micro_batch_rows(net_input, target, 3, tgt_dict.pad())
+    assert [r.start for r in rows] == [0, rows[0].stop, rows[1].stop] and rows[-1].stop == len(SRC_LENGTHS)
+    built = build_hybrid_step(group, group.hybrid_group.plan, net_input, target, lambda *a: (a[0].sum(),), 0,
+                              micro_batches=3)
+    prefixes = [f"micro-batch {r.start}-{r.stop - 1}: " for r in rows]
+    owner = [next(p for p in prefixes if cell.name.startswith(p)) for cell in built.step.cells]
+    for index, cell in enumerate(built.step.cells):
+        assert all(owner[producer] == owner[index] for producer, _ in cell.inputs), cell.name
+    assert len(built.results) == 3 * len(group.hybrid_group.plan.shard_workers) * 2
+    # one parameter copy and one gradient send per replica and worker, over all micro-batches
+    assert len({(id(use.replicas), use.worker) for use in built.replica_uses}) == len(built.replica_uses)
+    assert micro_batch_rows(net_input, target, 1, tgt_dict.pad()) == [None]
+    assert len(micro_batch_rows(net_input, target, 50, tgt_dict.pad())) == len(SRC_LENGTHS)

@@ -8,15 +8,18 @@ from fairseq_hybrid.harness.exactness import loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "model", "data"])
-def test_single_device_masks_make_dropout_runs_equal_one_device(mode, dictionaries):
+@pytest.mark.parametrize("mode,micro_batches", [("hybrid", 1), ("model", 1), ("data", 1), ("hybrid", 3),
+                                                ("model", 2)])
+def test_single_device_masks_make_dropout_runs_equal_one_device(mode, micro_batches, dictionaries):
     """--hybrid-dropout-masks single-device: with dropout on, the group draws
-    the single-device model's masks, so loss and gradients equal its own."""
+    the single-device model's masks, so loss and gradients equal its own,
+    with micro-batches too (each takes its rows of the batch's masks)."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True)
     single, group, sample = single_and_group(
         dictionaries, {"hybrid_devices": "3", "hybrid_mode": mode, "hybrid_chunk_length": 3,
-                       "hybrid_dropout_masks": "single-device"}, dropout=0.3, encoder_bidirectional_layers=2)
+                       "hybrid_dropout_masks": "single-device", "hybrid_micro_batches": micro_batches},
+        dropout=0.3, encoder_bidirectional_layers=2)
     single.train()
     group.train()
     torch.manual_seed(9)

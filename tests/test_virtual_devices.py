@@ -210,3 +210,16 @@ def test_fp16_optimizer_updates_parameters_on_every_device(flags):
     for value, ref, old in zip(values[1], values[0], before):
         assert not torch.equal(ref, old)  # the step moved every parameter
         torch.testing.assert_close(value, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("devices", [["cpu:0", "cpu:1"], ["cpu:0", "cpu:1", "cpu:2", "cpu:3"],
+                                     ["cpu:0", "cpu:0"]])
+def test_virtual_micro_batches(devices, dictionaries):
+    """--hybrid-micro-batches under virtual streams, the batch on the first
+    device: every micro-batch's transfers are ordered (no race, no host
+    sync inside a cell), and the step is the single device's."""
+    with virtual_devices() as harness:
+        check_equal(devices, "hybrid", dictionaries, batch_on_first_device=True, hybrid_chunk_length=3,
+                    group_options={"hybrid_micro_batches": 3})
+    assert harness.syncs == [], harness.syncs
+    assert harness.streams.races == [] and harness.streams.ops > 0

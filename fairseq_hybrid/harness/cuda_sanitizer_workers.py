@@ -7,7 +7,7 @@ the kernels the group's workers launch, which is where the engine's
 stream ordering matters.  Here one ``EventHandler`` (CSAN's record of
 streams, events and tensor accesses) is shared by one dispatch mode per
 thread: the caller's, and one entered in every worker job through
-:mod:`.parallel.thread_state`.  Stream, event and allocation callbacks are
+:mod:`fairseq_hybrid.parallel.thread_state`.  Stream, event and allocation callbacks are
 process-wide already (``torch.cuda._gpu_trace``).  Calls into the shared
 handler are serialised by one lock.
 
@@ -71,7 +71,7 @@ class SharedSanitizer:
         return mode
 
     def _capture(self):
-        """:mod:`.parallel.thread_state` hook: every job enters a mode."""
+        """:mod:`fairseq_hybrid.parallel.thread_state` hook: every job enters a mode."""
         return self._mode
 
     @contextmanager

@@ -190,7 +190,7 @@ class VirtualDevices:
             yield self
 
     def capture(self):
-        """:mod:`.parallel.thread_state` hook: a worker enters the harness
+        """:mod:`fairseq_hybrid.parallel.thread_state` hook: a worker enters the harness
         when its caller is inside it (and, with streams, starts its job
         knowing what the caller's streams did)."""
         inside = getattr(_local, "harness", None) is self or (

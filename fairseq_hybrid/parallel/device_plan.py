@@ -12,9 +12,9 @@ a message naming it rather than deep inside a forward pass.
 ``cpu,cpu``) or a count ``K`` (K CUDA devices where CUDA is available,
 otherwise K CPU devices).  ``--hybrid-placement``: empty for the default,
 or ``encoder=0,1,0,1;decoder=0,1,0,1`` (indices into the device list, one
-per layer), or ``auto`` (:mod:`.placement_search`).
+per layer), or ``auto`` (:mod:`fairseq_hybrid.planning.placement_search`).
 ``--hybrid-chunk-length``: time steps per wavefront cell, 0 for K chunks a
-sequence, or ``auto`` (:mod:`.chunk_choice`).  Every check of the
+sequence, or ``auto`` (:mod:`fairseq_hybrid.planning.chunk_choice`).  Every check of the
 ``--hybrid-*`` options is here (:func:`check_options`, :func:`build_plan`),
 and every failure is a :class:`DevicePlanError` naming the option.
 """
@@ -175,8 +175,9 @@ def check_options(cfg) -> None:
     placement = getattr(cfg, "hybrid_placement", "")
     cost_model = getattr(cfg, "hybrid_cost_model", "")
     if not devices:
-        if placement or cost_model:
-            raise DevicePlanError("--hybrid-placement and --hybrid-cost-model need --hybrid-devices")
+        if placement or cost_model or getattr(cfg, "hybrid_micro_batches", 1) != 1:
+            raise DevicePlanError("--hybrid-placement, --hybrid-cost-model and --hybrid-micro-batches need "
+                                  "--hybrid-devices")
         return
     chunk_length = chunk_length_option(getattr(cfg, "hybrid_chunk_length", 0))
     if cost_model and placement != AUTO and chunk_length != AUTO:
@@ -185,6 +186,12 @@ def check_options(cfg) -> None:
     timeout = getattr(cfg, "hybrid_timeout", 1.0)
     if not timeout > 0:
         raise DevicePlanError(f"--hybrid-timeout must be > 0 seconds, got {timeout}")
+    micro_batches = getattr(cfg, "hybrid_micro_batches", 1)
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise DevicePlanError(f"--hybrid-micro-batches must be a whole number >= 1, got {micro_batches!r}")
+    if micro_batches > 1 and getattr(cfg, "hybrid_mode", "hybrid") == "data":
+        raise DevicePlanError("--hybrid-micro-batches is for --hybrid-mode hybrid and model (data mode has no "
+                              "pipeline to fill)")
 
 
 def build_plan(devices: str, placement: str, mode: str, encoder_layers: int, decoder_layers: int) -> DevicePlan:

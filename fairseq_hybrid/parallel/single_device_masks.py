@@ -31,6 +31,11 @@ class SingleDeviceMasks(NamedTuple):
     decoder: List[Tensor]
     features: Tensor
 
+    def rows(self, rows: slice) -> "SingleDeviceMasks":
+        """The masks of the batch's ``rows`` (a micro-batch's)."""
+        return SingleDeviceMasks(self.source[rows], [m[rows] for m in self.encoder], self.target[rows],
+                                 [m[rows] for m in self.decoder], self.features[rows])
+
     def in_order(self, rows=slice(None)) -> List[Tensor]:
         return [self.source[rows], *(m[rows] for m in self.encoder), self.target[rows],
                 *(m[rows] for m in self.decoder), self.features[rows]]

@@ -45,11 +45,11 @@ from torch import Tensor
 
 from ..criterions.fused_output_loss import KeptTargets, kept_targets
 from ..sorted_packing import chunk_lengths, sorted_layout
-from .batch_shards import batch_slices, sum_on
+from .batch_shards import batch_slices, sum_on, token_balanced_slices
 from .cell_graph import Cell, DeviceUsage, Work, run_cells
 from .device_plan import DevicePlan
 from .replicas import ModelReplicas, Replicas
-from .single_device_masks import draw_single_device_masks, with_masks
+from .single_device_masks import SingleDeviceMasks, draw_single_device_masks, with_masks
 from .transfer import arrive, to_devices
 from .wavefront import Ref
 from .worker import DEFAULT_TIMEOUT, worker_group
@@ -86,10 +86,11 @@ class StepBuilder:
         self.replicas = replicas
         self.devices = plan.devices
         self.cells: List[Cell] = []
+        self.prefix = ""  # names the micro-batch of the cells being added
 
     def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
             work: Optional[Work] = None, outputs: Optional[Sequence[str]] = None) -> int:
-        self.cells.append(Cell(name, worker, list(inputs), run, work, tuple(outputs) if outputs else None))
+        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run, work, tuple(outputs) if outputs else None))
         return len(self.cells) - 1
 
     def ref(self, cell: int, output: str) -> Ref:
@@ -141,7 +142,7 @@ class _Batch:
     the batch's tensors on the devices of the cells that read them."""
 
     def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int,
-                 single_device_masks: bool):
+                 masks: Optional[SingleDeviceMasks]):
         encoder = model.encoder.stack
         devices = plan.devices
         src_tokens = encoder.right_padded(net_input["src_tokens"])
@@ -158,10 +159,7 @@ class _Batch:
         self.shards = batch_slices(target.size(0), len(plan.shard_workers))
         self.shard_workers = plan.shard_workers[: len(self.shards)]
         self.shard_devices = [devices[worker] for worker in self.shard_workers]
-        self.masks = None
-        if single_device_masks:
-            self.masks = draw_single_device_masks(model, self.source_width, net_input["prev_output_tokens"].size(1),
-                                                  target.size(0))
+        self.masks = masks
 
         # The batch on the devices of the cells that read it.
         self.sorted_source = arrive(src_tokens.index_select(0, self.order.to(src_tokens.device)),
@@ -199,21 +197,67 @@ class _Batch:
 
 def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                       chunk_length: int = 0, replicas: Optional[ModelReplicas] = None,
-                      single_device_masks: bool = False) -> BuiltStep:
+                      single_device_masks: bool = False, micro_batches: int = 1) -> BuiltStep:
     """The cells of one ``hybrid`` or ``model`` step, in the order that
-    fixes their dropout seeds: encoder, its top states, decoder, shards.
-    ``replicas``: the group's replica caches (fresh ones when not given,
-    as for the schedule simulator, which never runs the cells)."""
+    fixes their dropout seeds: for each micro-batch, encoder, its top
+    states, decoder, shards.  ``replicas``: the group's replica caches
+    (fresh ones when not given, as for the schedule simulator, which never
+    runs the cells).  ``micro_batches``: the batch's rows cut into that
+    many contiguous slices of near-equal tokens, each its own chain of
+    cells (their loss sums add up to the batch's), so that one device's
+    layer works on a micro-batch while the next device works on the one
+    before and the attention-softmax part on an earlier one still."""
     step = StepBuilder(model, plan, replicas or ModelReplicas(model))
-    batch = _Batch(model, plan, net_input, target, chunk_length, single_device_masks)
-    encoder_output, final_states, direction_uses = _add_encoder(step, batch)
-    encoder_shards = _add_encoder_top(step, batch, encoder_output)
-    decoder_chunks = _add_decoder(step, batch, final_states)
-    outputs, attention_uses = _add_attention_softmax(step, batch, shard_loss, encoder_shards, decoder_chunks)
-    # in the order the replicas are first needed: their parameter copies
-    # queue one behind the other on their master's device
-    uses = sorted(attention_uses + direction_uses, key=lambda use: min(use.cells))
-    return BuiltStep(step, outputs, tuple(uses))
+    masks = None
+    if single_device_masks:  # the whole batch's, as the single-device model draws them
+        masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
+                                         net_input["prev_output_tokens"].size(1), target.size(0))
+    outputs: List[int] = []
+    uses: List[ReplicaUse] = []
+    for rows in micro_batch_rows(net_input, target, micro_batches, model.decoder.dictionary.pad()):
+        if rows is None:  # the whole batch
+            part_input, part_target, part_masks = net_input, target, masks
+        else:
+            part_input = {key: value[rows] if torch.is_tensor(value) else value for key, value in net_input.items()}
+            part_target, part_masks = target[rows], None if masks is None else masks.rows(rows)
+        step.prefix = "" if rows is None else f"micro-batch {rows.start}-{rows.stop - 1}: "
+        batch = _Batch(model, plan, part_input, part_target, chunk_length, part_masks)
+        encoder_output, final_states, direction_uses = _add_encoder(step, batch)
+        encoder_shards = _add_encoder_top(step, batch, encoder_output)
+        decoder_chunks = _add_decoder(step, batch, final_states)
+        shard_outputs, attention_uses = _add_attention_softmax(step, batch, shard_loss, encoder_shards,
+                                                               decoder_chunks)
+        outputs += shard_outputs
+        uses += attention_uses + direction_uses
+    step.prefix = ""
+    # one use per replica and worker, over every micro-batch's cells, in the
+    # order the replicas are first needed: their parameter copies queue one
+    # behind the other on their master's device
+    return BuiltStep(step, outputs, tuple(sorted(_merged(uses), key=lambda use: min(use.cells))))
+
+
+def micro_batch_rows(net_input: Dict[str, Tensor], target: Tensor, count: int, pad: int) -> List[Optional[slice]]:
+    """The rows of each micro-batch: ``[None]`` (the whole batch) for one,
+    else contiguous slices with near-equal tokens (source and target,
+    padding not counted)."""
+    if count <= 1 or target.size(0) <= 1:
+        return [None]
+    tokens = (net_input["src_lengths"].cpu() + target.ne(pad).sum(1).cpu()).tolist()
+    return token_balanced_slices(tokens, count)
+
+
+def _merged(uses: Sequence[ReplicaUse]) -> List[ReplicaUse]:
+    """The uses of one replica by one worker joined into one (its cells of
+    every micro-batch): one parameter copy, one gradient send after the
+    last of them."""
+    merged: Dict[Tuple[int, int], ReplicaUse] = {}
+    for use in uses:
+        key = (id(use.replicas), use.worker)
+        if key in merged:
+            merged[key] = merged[key]._replace(cells=merged[key].cells + use.cells)
+        else:
+            merged[key] = use
+    return list(merged.values())
 
 
 def _add_encoder(step: StepBuilder, batch: _Batch):

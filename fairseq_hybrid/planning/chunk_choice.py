@@ -61,9 +61,10 @@ def candidate_lengths(source_width: int, target_width: int) -> List[int]:
 class ChunkLengthChooser:
     """The chunk length of each batch shape, chosen once per shape."""
 
-    def __init__(self, model, plan: DevicePlan, cost: Optional[CostModel] = None):
+    def __init__(self, model, plan: DevicePlan, cost: Optional[CostModel] = None, micro_batches: int = 1):
         self.model = model
         self.plan = plan
+        self.micro_batches = micro_batches
         self.cost = cost or default_cost_model()
         self.choices: Dict[Tuple[int, int, int], int] = {}
 
@@ -83,7 +84,8 @@ class ChunkLengthChooser:
         """The simulated step of every candidate length for this batch."""
         source_width = net_input["src_tokens"].size(1)
         target_width = net_input["prev_output_tokens"].size(1)
-        return {length: step_time(self.model, self.plan, net_input, target, self.cost, length).total
+        return {length: step_time(self.model, self.plan, net_input, target, self.cost, length,
+                                  micro_batches=self.micro_batches).total
                 for length in candidate_lengths(source_width, target_width)}
 
     def choose(self, net_input: Dict[str, Tensor], target: Tensor) -> int:
@@ -93,7 +95,7 @@ class ChunkLengthChooser:
         widths = (net_input["src_tokens"].size(1), net_input["prev_output_tokens"].size(1))
 
         def cells(length: int) -> int:
-            return sum(len(time_chunks(width, length, self.plan.size)) for width in widths)
+            return self.micro_batches * sum(len(time_chunks(width, length, self.plan.size)) for width in widths)
 
         best_time = min(times.values())
         near = [length for length, seconds in times.items() if seconds <= best_time * 1.001]

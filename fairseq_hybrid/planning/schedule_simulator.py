@@ -2,7 +2,7 @@
 predict the step's time on other machines (and for other placements).
 
 The hybrid engine runs a step as cells in a fixed order per device
-(:mod:`.wavefront`).  Given what each cell costs, replaying that order
+(:mod:`fairseq_hybrid.parallel.wavefront`).  Given what each cell costs, replaying that order
 with the same dependencies gives the step's time without running it:
 
 * forward: every device runs its cells in clock order; a cell starts once
@@ -11,7 +11,7 @@ with the same dependencies gives the step's time without running it:
   device);
 * backward: the reverse order, a cell waiting for the gradients of all
   cells that read it;
-* replicated parts (:mod:`.replicas`): each replica's parameter copy
+* replicated parts (:mod:`fairseq_hybrid.parallel.replicas`): each replica's parameter copy
   leaves its master's device when the step starts, one copy after another
   on that device's link, and the replica's first cell waits for it; its
   gradient copy leaves once the replica's last cell has run backward, one
@@ -20,13 +20,13 @@ with the same dependencies gives the step's time without running it:
 * plus the step's fixed cost outside the cells (optimizer, criterion glue).
 
 Costs come from a :class:`CostModel`: floating-point operations per cell
-(from the cell's :class:`~.cell_graph.Work`) divided by a rate per kind of
+(from the cell's :class:`~fairseq_hybrid.parallel.cell_graph.Work`) divided by a rate per kind of
 cell and phase, plus a fixed cost per cell call; rates and fixed costs are
 fitted to cell times measured on this machine (:func:`fit`) or given for
 a device we do not have.
 
 :func:`step_time` lays out the cells with the engine's own step builder
-(:mod:`.step_cells`, on any model, even one whose parameters live on
+(:mod:`fairseq_hybrid.parallel.step_cells`, on any model, even one whose parameters live on
 torch's ``meta`` device) and replays them, so the simulated schedule is
 the engine's schedule, cell for cell.
 """
@@ -247,12 +247,14 @@ def _no_loss(*args):
 
 def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk_length: int = 0,
               physical_devices: Optional[Sequence[int]] = None, transform=None,
-              replica_copies: bool = True) -> StepTime:
+              replica_copies: bool = True, micro_batches: int = 1) -> StepTime:
     """Predicted time of one step of ``model`` under ``plan``.  ``transform``:
     a function of the step's cells returning the cells to replay instead
     (``hybrid`` and ``model`` mode; for what-if analyses of dependencies).
     ``replica_copies=False``: the replicas' parameter and gradient copies
-    cost nothing (a what-if: links that never hold up a cell)."""
+    cost nothing (a what-if: links that never hold up a cell).
+    ``micro_batches``: as ``--hybrid-micro-batches`` (hybrid and model
+    mode)."""
     if plan.mode == "data":
         built = build_data_parallel_step(model, plan, net_input, target, _no_loss)
         single = DevicePlan([plan.devices[0]], [0] * len(plan.encoder), [0] * len(plan.decoder), "hybrid")
@@ -269,7 +271,8 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
         copies = replica_copies and _copies(built)
         forward, backward = replay(built.step.cells, plan.size, cost, physical_devices, whole_model, copies or ())
     else:
-        built = build_hybrid_step(model, plan, net_input, target, _no_loss, chunk_length)
+        built = build_hybrid_step(model, plan, net_input, target, _no_loss, chunk_length,
+                                  micro_batches=micro_batches)
         cells = transform(built.step.cells) if transform is not None else built.step.cells
         copies = replica_copies and _copies(built)
         forward, backward = replay(cells, plan.size, cost, physical_devices, copies=copies or ())
