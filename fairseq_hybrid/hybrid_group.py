@@ -23,7 +23,8 @@ from fairseq.logging import metrics
 from torch import Tensor
 
 from .parallel.cell_graph import DeviceUsage
-from .parallel.device_plan import AUTO, MODES, DevicePlan, build_plan, check_options, chunk_length_option, plan_table
+from .parallel.device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options,
+                                   chunk_length_option, plan_table)
 from .parallel.replicas import ModelReplicas
 from .parallel.step_cells import build_data_parallel_step, build_hybrid_step, run_step
 from .parallel.worker import DEFAULT_TIMEOUT
@@ -130,6 +131,10 @@ class HybridGroup:
         if placement == "auto" and cfg.hybrid_mode != "data":
             placement = auto_placement(model, cfg)
         plan = build_plan(cfg.hybrid_devices, placement, cfg.hybrid_mode, cfg.encoder_layers, cfg.decoder_layers)
+        bidirectional = sum(1 for layer in model.encoder.stack.layers if layer.bidirectional)
+        if len(plan.reverse) > bidirectional:
+            raise DevicePlanError(f"--hybrid-placement: reverse= gives {len(plan.reverse)} device(s) but the model "
+                                  f"has {bidirectional} bidirectional encoder layer(s)")
         cost_file = getattr(cfg, "hybrid_cost_model", "")
         group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout),
                     CostModel.load(cost_file) if cost_file else None, getattr(cfg, "hybrid_micro_batches", 1))
@@ -163,14 +168,17 @@ class HybridGroup:
 
         rows = [("encoder embeddings", where(encoder.embed_tokens), count(encoder.embed_tokens))]
         for layer, module in enumerate(encoder.layers):
-            kind = "bidirectional" if module.bidirectional else "LSTM"
+            kind = (f"bidirectional, reverse on {self.plan.devices[self.plan.reverse_worker(layer)]}"
+                    if module.bidirectional else "LSTM")
             rows.append((f"encoder layer {layer} ({kind})", where(module), count(module)))
         rows.append(("decoder embeddings", where(decoder.embed_tokens), count(decoder.embed_tokens)))
         for layer, module in enumerate(decoder.layers):
             rows.append((f"decoder layer {layer} (+bridge)", where(module),
                          count(module, decoder.bridges_h[layer], decoder.bridges_c[layer])))
         part = self.model.decoder.attention_softmax
-        shards = ", ".join(str(d) for d in self.plan.shard_devices)
+        shards = ", ".join(str(self.plan.devices[worker]) + (f" x{self.plan.shard_weights[worker]}"
+                                                             if self.plan.shard_weights else "")
+                           for worker in self.plan.shard_workers)
         shared = part.output_weight is decoder.embed_tokens.weight
         rows.append(("attention-softmax" + (" (tied)" if shared else ""), f"master {where(part)}; shards {shards}",
                      count(part) - (part.output_weight.numel() if shared else 0)))

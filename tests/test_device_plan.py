@@ -28,7 +28,13 @@ def test_explicit_placement():
     ("cpu,cpu", "encoder=0,1,0,1", "hybrid", "no device given for the decoder layers"),
     ("cpu,cpu", "encoder=0,1;decoder=0,1,0", "hybrid", "2 encoder device\\(s\\) given for 4 encoder layers"),
     ("cpu,cpu", "encoder=0,1,0,2;decoder=0,1,0", "hybrid", "device index 2 out of range"),
-    ("cpu,cpu", "encoder=a,b;decoder=0", "hybrid", "indices must be integers"),
+    ("cpu,cpu", "encoder=a,b;decoder=0", "hybrid", "values must be integers"),
+    ("cpu,cpu", "encoder=0,1,0,1;decoder=0,1,0;reverse=2", "hybrid", "device index 2 out of range"),
+    ("cpu,cpu", "encoder=0,1,0,1;decoder=0,1,0;shards=1", "hybrid", "one weight >= 0 per device"),
+    ("cpu,cpu", "encoder=0,1,0,1;decoder=0,1,0;shards=0,0", "hybrid", "not all 0"),
+    ("cpu,cpu", "encoder=0,1,0,1;decoder=0,1,0;shards=1,-1", "hybrid", "one weight >= 0 per device"),
+    ("cpu,cpu", "encoder=0,1,0,1;decoder=0,1,0;shards=1,1", "model", "shards= is for --hybrid-mode hybrid"),
+    ("cpu,cpu", "encoder=0,1,0,1;decoder=0,1,0;encoder=0,0,0,0", "hybrid", "expected 'encoder="),
     ("cpu,cpu", "layers=0,1", "hybrid", "expected 'encoder="),
     ("cpu,cpu", "encoder=0,1,0,1;decoder=0,1,0", "data", "no meaning with --hybrid-mode data"),
     ("cpu,cpu", "", "pipeline", "choose one of hybrid, model, data"),
@@ -75,3 +81,20 @@ def test_micro_batches_in_data_mode_are_refused():
         build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_mode="data", hybrid_micro_batches=2)
 
 
+
+
+def test_reverse_directions_and_shard_weights_in_a_placement():
+    plan = build_plan("cpu,cpu,cpu,cpu", "encoder=0,1,2,3;decoder=0,1,2,3;reverse=2;shards=3,0,2,2", "hybrid", 4, 4)
+    assert plan.reverse_worker(0) == 2 and plan.reverse_worker(1) == 2  # layer 1: the default, the next device
+    assert plan.shard_workers == [0, 2, 3]
+    assert plan.shard_slices(14) == [(0, slice(0, 6)), (2, slice(6, 10)), (3, slice(10, 14))]
+    assert plan.shard_slices(2) == [(0, slice(0, 1)), (2, slice(1, 2))]  # never an empty shard
+    default = build_plan("cpu,cpu,cpu", "", "hybrid", 4, 4)
+    assert default.reverse_worker(0) == 1 and default.shard_slices(7) == [(0, slice(0, 3)), (1, slice(3, 5)),
+                                                                         (2, slice(5, 7))]
+
+
+def test_more_reverse_directions_than_bidirectional_layers_are_refused():
+    with pytest.raises(DevicePlanError, match="reverse= gives 2 device\\(s\\) but the model has 1 bidirectional"):
+        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", encoder_layers=2, decoder_layers=2,
+                    encoder_bidirectional_layers=1, hybrid_placement="encoder=0,1;decoder=0,1;reverse=1,0")

@@ -99,3 +99,15 @@ def test_micro_batches_are_chains_of_their_own(dictionaries):
     assert len({(id(use.replicas), use.worker) for use in built.replica_uses}) == len(built.replica_uses)
     assert micro_batch_rows(net_input, target, 1, tgt_dict.pad()) == [None]
     assert len(micro_batch_rows(net_input, target, 50, tgt_dict.pad())) == len(SRC_LENGTHS)
+
+
+def test_micro_batches_are_staggered_into_the_wavefront(dictionaries):
+    """Micro-batch m's cells start no earlier than m strides of clocks, so
+    device 0 runs micro-batch 0's first cells before micro-batch 1's."""
+    from fairseq_hybrid.parallel.step_cells import build_hybrid_step
+
+    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "2"})
+    built = build_hybrid_step(group, group.hybrid_group.plan, sample["net_input"], sample["target"],
+                              lambda *a: (a[0].sum(),), 1, micro_batches=3)
+    starts = sorted({cell.not_before for cell in built.step.cells})
+    assert len(starts) == 3 and starts[0] == 0 and starts[1] > 0 and starts[2] == 2 * starts[1]

@@ -96,10 +96,17 @@ def test_virtual_time_chunks_and_several_bidirectional_layers(mode, dictionaries
     assert harness.syncs == [], harness.syncs
 
 
-@pytest.mark.parametrize("placement", ["encoder=0,0,0,1;decoder=1,1,0,0", "encoder=1,1,1,1;decoder=0,0,0,0"])
+@pytest.mark.parametrize("placement", ["encoder=0,0,0,1;decoder=1,1,0,0", "encoder=1,1,1,1;decoder=0,0,0,0",
+                                       "encoder=0,1,2,3;decoder=0,1,2,3;reverse=2;shards=3,0,2,2"])
 def test_virtual_explicit_placements(placement, dictionaries):
-    with virtual_devices():
-        check_equal(virtual(2), "hybrid", dictionaries, group_options={"hybrid_placement": placement})
+    """Placements of layers, of a bidirectional layer's reverse direction
+    (its replica two devices away) and of uneven attention-softmax shards
+    (none on one device): no race, the single device's step."""
+    count = 4 if "reverse" in placement else 2
+    with virtual_devices() as harness:
+        check_equal(virtual(count), "hybrid", dictionaries, batch_on_first_device=True,
+                    group_options={"hybrid_placement": placement, "hybrid_micro_batches": 2 if count == 4 else 1})
+    assert harness.streams.races == []
 
 
 @pytest.mark.parametrize("mode", MODES)

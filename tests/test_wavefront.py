@@ -33,3 +33,14 @@ def test_wavefront_clock_is_layer_plus_chunk():
 def test_a_cell_may_only_read_earlier_cells():
     with pytest.raises(ValueError, match="not listed before"):
         clocks([CellSpec(0, [(1, 0)]), CellSpec(0, [])])
+
+
+def test_a_later_micro_batch_enters_the_wavefront_later():
+    """``not_before``: a chain that may start at clock 2 starts there, and its
+    cells keep their distance; inputs still come at smaller clocks, so the
+    order stays deadlock-free."""
+    first = [CellSpec(0, []), CellSpec(1, [(0, 0)]), CellSpec(0, [(0, 0)])]
+    second = [CellSpec(0, [], 2), CellSpec(1, [(3, 0)], 2), CellSpec(0, [(3, 0)], 2)]
+    cell_clocks = clocks(first + second)
+    assert cell_clocks == [0, 1, 1, 2, 3, 3]
+    assert worker_orders(first + second, 2) == [[0, 2, 3, 5], [1, 4]]

@@ -68,6 +68,7 @@ class Cell(NamedTuple):
     run: Callable[..., Sequence[Tensor]]
     work: Optional[Work] = None
     outputs: Optional[Tuple[str, ...]] = None
+    not_before: int = 0  # the cell's earliest wavefront clock (micro-batches enter one after another)
 
 
 class DeviceUsage(NamedTuple):
@@ -136,7 +137,7 @@ class CellGraph:
         self.after_backward = after_backward
         self.group = group
         self.seed = seed
-        specs = [CellSpec(cell.worker, cell.inputs) for cell in self.cells]
+        specs = [CellSpec(cell.worker, cell.inputs, cell.not_before) for cell in self.cells]
         self.orders = worker_orders(specs, len(group.devices))
         count = len(self.cells)
         self.outputs: List[Optional[Tuple[Tensor, ...]]] = [None] * count

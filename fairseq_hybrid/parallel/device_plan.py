@@ -12,7 +12,9 @@ a message naming it rather than deep inside a forward pass.
 ``cpu,cpu``) or a count ``K`` (K CUDA devices where CUDA is available,
 otherwise K CPU devices).  ``--hybrid-placement``: empty for the default,
 or ``encoder=0,1,0,1;decoder=0,1,0,1`` (indices into the device list, one
-per layer), or ``auto`` (:mod:`fairseq_hybrid.planning.placement_search`).
+per layer; optionally ``;reverse=2`` for the device of each bidirectional
+layer's reverse direction, bottom first, and ``;shards=3,0,2,2`` for the
+relative sentences of each device's attention-softmax shard), or ``auto`` (:mod:`fairseq_hybrid.planning.placement_search`).
 ``--hybrid-chunk-length``: time steps per wavefront cell, 0 for K chunks a
 sequence, or ``auto`` (:mod:`fairseq_hybrid.planning.chunk_choice`).  Every check of the
 ``--hybrid-*`` options is here (:func:`check_options`, :func:`build_plan`),
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Sequence, Union
+from typing import List, Sequence, Tuple, Union
 
 import torch
 
@@ -41,6 +43,12 @@ class DevicePlan:
     encoder: List[int]  # device index of each encoder layer
     decoder: List[int]  # device index of each decoder layer
     mode: str
+    # device index of the reverse direction of each bidirectional layer,
+    # bottom first (none given: the device after the layer's)
+    reverse: Tuple[int, ...] = ()
+    # relative sentences of each device's attention-softmax shard (hybrid
+    # mode; none given: equal shards; 0: no shard on that device)
+    shard_weights: Tuple[int, ...] = ()
 
     @property
     def size(self) -> int:
@@ -59,16 +67,44 @@ class DevicePlan:
         with the top decoder layer."""
         if self.mode == "model":
             return [self.decoder[-1]]
-        return list(range(self.size))
+        return [worker for worker in range(self.size) if not self.shard_weights or self.shard_weights[worker] > 0]
+
+    def shard_slices(self, batch_size: int) -> List[Tuple[int, slice]]:
+        """``(worker, rows)`` of each attention-softmax shard of a batch:
+        contiguous rows, as many per shard as its weight gives (equal
+        without weights); a batch smaller than the shards leaves the last
+        ones out, never an empty shard."""
+        workers = self.shard_workers
+        weights = [self.shard_weights[w] for w in workers] if self.shard_weights else [1] * len(workers)
+        return [(worker, rows) for worker, rows in zip(workers, weighted_slices(batch_size, weights))
+                if rows.stop > rows.start]
 
     @property
     def shard_devices(self) -> List[torch.device]:
         return [self.devices[worker] for worker in self.shard_workers]
 
-    def partner(self, worker: int) -> int:
-        """The device that runs the reverse direction of a bidirectional
-        layer placed on ``worker``: the next one, where there is one."""
-        return (worker + 1) % self.size
+    def reverse_worker(self, layer: int) -> int:
+        """The device that runs the reverse direction of the bidirectional
+        encoder layer ``layer``: as placed, else the one after the layer's."""
+        if layer < len(self.reverse):
+            return self.reverse[layer]
+        return (self.encoder[layer] + 1) % self.size
+
+
+def weighted_slices(batch_size: int, weights: Sequence[int]) -> List[slice]:
+    """Contiguous slices of ``range(batch_size)``, one per weight, their
+    sizes in proportion (largest remainders round up; a slice may be
+    empty)."""
+    total = sum(weights)
+    exact = [batch_size * weight / total for weight in weights]
+    sizes = [int(value) for value in exact]
+    for index in sorted(range(len(weights)), key=lambda i: (sizes[i] - exact[i], i))[: batch_size - sum(sizes)]:
+        sizes[index] += 1
+    slices, start = [], 0
+    for size in sizes:
+        slices.append(slice(start, start + size))
+        start += size
+    return slices
 
 
 def parse_devices(spec: str) -> List[torch.device]:
@@ -112,27 +148,33 @@ def default_placement(encoder_layers: int, decoder_layers: int, num_devices: int
             [layer % num_devices for layer in range(decoder_layers)])
 
 
-def placement_text(encoder: Sequence[int], decoder: Sequence[int]) -> str:
+def placement_text(encoder: Sequence[int], decoder: Sequence[int], reverse: Sequence[int] = (),
+                   shards: Sequence[int] = ()) -> str:
     """A placement as ``--hybrid-placement`` text."""
-    return "encoder=" + ",".join(map(str, encoder)) + ";decoder=" + ",".join(map(str, decoder))
+    text = "encoder=" + ",".join(map(str, encoder)) + ";decoder=" + ",".join(map(str, decoder))
+    if reverse:
+        text += ";reverse=" + ",".join(map(str, reverse))
+    if shards:
+        text += ";shards=" + ",".join(map(str, shards))
+    return text
 
 
 def parse_placement(spec: str, encoder_layers: int, decoder_layers: int, num_devices: int):
-    """Default or explicit ``(encoder indices, decoder indices)``."""
+    """Default or explicit ``(encoder indices, decoder indices, reverse
+    indices, shard weights)``; the last two may be empty (their defaults)."""
     if not spec:
-        return default_placement(encoder_layers, decoder_layers, num_devices)
+        return (*default_placement(encoder_layers, decoder_layers, num_devices), (), ())
     parts = {}
+    form = "'encoder=I,I,...;decoder=I,I,...' (optionally ';reverse=I,...;shards=W,...')"
     for part in spec.split(";"):
         name, sep, indices = part.partition("=")
         name = name.strip()
-        if not sep or name not in ("encoder", "decoder"):
-            raise DevicePlanError(
-                f"--hybrid-placement {spec!r}: expected 'encoder=I,I,...;decoder=I,I,...'"
-            )
+        if not sep or name not in ("encoder", "decoder", "reverse", "shards") or name in parts:
+            raise DevicePlanError(f"--hybrid-placement {spec!r}: expected {form}")
         try:
             parts[name] = [int(i) for i in indices.split(",")]
         except ValueError:
-            raise DevicePlanError(f"--hybrid-placement {spec!r}: {name} indices must be integers") from None
+            raise DevicePlanError(f"--hybrid-placement {spec!r}: {name} values must be integers") from None
     for name, layers in (("encoder", encoder_layers), ("decoder", decoder_layers)):
         if name not in parts:
             raise DevicePlanError(f"--hybrid-placement {spec!r}: no device given for the {name} layers")
@@ -140,12 +182,20 @@ def parse_placement(spec: str, encoder_layers: int, decoder_layers: int, num_dev
             raise DevicePlanError(
                 f"--hybrid-placement: {len(parts[name])} {name} device(s) given for {layers} {name} layers"
             )
-        for index in parts[name]:
+    for name in ("encoder", "decoder", "reverse"):
+        for index in parts.get(name, []):
             if not 0 <= index < num_devices:
                 raise DevicePlanError(
                     f"--hybrid-placement: device index {index} out of range for {num_devices} device(s)"
                 )
-    return parts["encoder"], parts["decoder"]
+    if len(parts.get("reverse", [])) > encoder_layers:
+        raise DevicePlanError(f"--hybrid-placement: {len(parts['reverse'])} reverse directions for "
+                              f"{encoder_layers} encoder layers")
+    shards = parts.get("shards", [])
+    if shards and (len(shards) != num_devices or min(shards) < 0 or sum(shards) == 0):
+        raise DevicePlanError(f"--hybrid-placement: shards= needs one weight >= 0 per device ({num_devices}), "
+                              f"not all 0; got {shards}")
+    return parts["encoder"], parts["decoder"], tuple(parts.get("reverse", ())), tuple(shards)
 
 
 def chunk_length_option(value) -> Union[int, str]:
@@ -208,9 +258,12 @@ def build_plan(devices: str, placement: str, mode: str, encoder_layers: int, dec
         if placement:
             raise DevicePlanError("--hybrid-placement has no meaning with --hybrid-mode data (every device holds a replica)")
         encoder, decoder = [0] * encoder_layers, [0] * decoder_layers
-    else:
-        encoder, decoder = parse_placement(placement, encoder_layers, decoder_layers, len(device_list))
-    return DevicePlan(device_list, encoder, decoder, mode)
+        return DevicePlan(device_list, encoder, decoder, mode)
+    encoder, decoder, reverse, shards = parse_placement(placement, encoder_layers, decoder_layers, len(device_list))
+    if shards and mode == "model":
+        raise DevicePlanError("--hybrid-placement shards= is for --hybrid-mode hybrid (in model mode the "
+                              "attention-softmax part runs whole with the top decoder layer)")
+    return DevicePlan(device_list, encoder, decoder, mode, reverse, shards)
 
 
 def plan_table(rows: Sequence[Sequence[str]]) -> str:

@@ -87,10 +87,12 @@ class StepBuilder:
         self.devices = plan.devices
         self.cells: List[Cell] = []
         self.prefix = ""  # names the micro-batch of the cells being added
+        self.not_before = 0  # and the clock it enters the wavefront
 
     def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
             work: Optional[Work] = None, outputs: Optional[Sequence[str]] = None) -> int:
-        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run, work, tuple(outputs) if outputs else None))
+        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run, work, tuple(outputs) if outputs else None,
+                               self.not_before))
         return len(self.cells) - 1
 
     def ref(self, cell: int, output: str) -> Ref:
@@ -126,7 +128,7 @@ class BuiltStep(NamedTuple):
     # every replica the step uses, in the order of their first cells: of
     # the attention-softmax part on the shard workers other than its
     # master's, of reverse directions of bidirectional layers on their
-    # partner device, of the whole model (data mode) on workers other than
+    # own device, of the whole model (data mode) on workers other than
     # the first
     replica_uses: Tuple[ReplicaUse, ...] = ()
 
@@ -156,8 +158,9 @@ class _Batch:
         self.rows = src_tokens.size(0)
         self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
         self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
-        self.shards = batch_slices(target.size(0), len(plan.shard_workers))
-        self.shard_workers = plan.shard_workers[: len(self.shards)]
+        shards = plan.shard_slices(target.size(0))
+        self.shards = [rows for _, rows in shards]
+        self.shard_workers = [worker for worker, _ in shards]
         self.shard_devices = [devices[worker] for worker in self.shard_workers]
         self.masks = masks
 
@@ -214,13 +217,18 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
                                          net_input["prev_output_tokens"].size(1), target.size(0))
     outputs: List[int] = []
     uses: List[ReplicaUse] = []
-    for rows in micro_batch_rows(net_input, target, micro_batches, model.decoder.dictionary.pad()):
+    # A micro-batch enters the wavefront a K-th of its source chunks after
+    # the one before it (the simulator's best for the paper's setting lay
+    # between a 4th and a 3rd of them, whatever the chunk length).
+    stagger = max(1, round(len(time_chunks(net_input["src_tokens"].size(1), chunk_length, plan.size)) / plan.size))
+    for index, rows in enumerate(micro_batch_rows(net_input, target, micro_batches, model.decoder.dictionary.pad())):
         if rows is None:  # the whole batch
             part_input, part_target, part_masks = net_input, target, masks
         else:
             part_input = {key: value[rows] if torch.is_tensor(value) else value for key, value in net_input.items()}
             part_target, part_masks = target[rows], None if masks is None else masks.rows(rows)
         step.prefix = "" if rows is None else f"micro-batch {rows.start}-{rows.stop - 1}: "
+        step.not_before = index * stagger
         batch = _Batch(model, plan, part_input, part_target, chunk_length, part_masks)
         encoder_output, final_states, direction_uses = _add_encoder(step, batch)
         encoder_shards = _add_encoder_top(step, batch, encoder_output)
@@ -229,7 +237,7 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
                                                                decoder_chunks)
         outputs += shard_outputs
         uses += attention_uses + direction_uses
-    step.prefix = ""
+    step.prefix, step.not_before = "", 0
     # one use per replica and worker, over every micro-batch's cells, in the
     # order the replicas are first needed: their parameter copies queue one
     # behind the other on their master's device
@@ -286,12 +294,12 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
         if module.bidirectional:
             halves = []
             for reverse in (False, True):
-                direction_worker = plan.partner(worker) if reverse else worker
+                direction_worker = plan.reverse_worker(layer) if reverse else worker
                 device = plan.devices[direction_worker]
                 master = encoder.direction(layer, reverse)
                 replicas = None
                 if direction_worker != worker:
-                    # the direction's weights live with the layer: a replica on the partner
+                    # the direction's weights live with the layer: a replica where the direction runs
                     replicas = step.replicas.direction(layer, reverse)
 
                 def run_direction(*parts, layer=layer, reverse=reverse, width=len(below[0]), master=master,

@@ -8,6 +8,12 @@ every cell the clock ``1 + max(clock of the cells it reads)`` puts all cells
 with ``l + c = k`` at clock ``k``: the wavefront of docs/design.md, in
 the spirit of ``clock_cycles`` in kakaobrain/torchgpipe ``pipeline.py``.
 
+Micro-batches enter the wavefront one after another: the cells of
+micro-batch ``m`` start no earlier than clock ``m`` times a stagger, as
+micro-batch ``m`` enters GPipe's first partition at clock ``m``, so each
+device works through the micro-batches in order while the devices after it
+work on earlier ones.
+
 Each device runs its cells in clock order (the backward pass in the reverse
 order).  Every cell's inputs have a smaller clock, so a device never waits
 on a cell that another device has queued behind the waiting one: the
@@ -24,6 +30,7 @@ Ref = Tuple[int, int]  # (cell index, output index)
 class CellSpec(NamedTuple):
     worker: int
     inputs: Sequence[Ref]
+    not_before: int = 0  # the earliest clock (a later micro-batch starts later)
 
 
 def clocks(cells: Sequence[CellSpec]) -> List[int]:
@@ -33,7 +40,7 @@ def clocks(cells: Sequence[CellSpec]) -> List[int]:
         producers = [producer for producer, _ in cell.inputs]
         if any(producer >= index for producer in producers):
             raise ValueError(f"cell {index} reads a cell that is not listed before it")
-        result.append(1 + max((result[p] for p in producers), default=-1))
+        result.append(max(cell.not_before, 1 + max((result[p] for p in producers), default=-1)))
     return result
 
 

@@ -46,13 +46,15 @@ def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float) ->
 
 
 def predicted_step(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, chunk_length: int = 0,
-                   placement: str = "", transform=None, replica_copies: bool = True) -> StepTime:
+                   placement: str = "", transform=None, replica_copies: bool = True,
+                   micro_batches: int = 1) -> StepTime:
     """The simulated step of ``model`` on a group of ``k`` devices in
-    ``mode`` (default placement unless given)."""
+    ``mode`` (default placement unless given; ``micro_batches`` as
+    ``--hybrid-micro-batches``)."""
     plan = build_plan(",".join(["cpu"] * k), placement if mode != "data" else "", mode, cfg.encoder_layers,
                       cfg.decoder_layers)
     return step_time(model, plan, net_input, target, cost, chunk_length, transform=transform,
-                     replica_copies=replica_copies)
+                     replica_copies=replica_copies, micro_batches=micro_batches if mode != "data" else 1)
 
 
 def best_chunk_length(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, transform=None,

@@ -6,7 +6,14 @@ Candidates are scored by the schedule simulator
 model measured on the user's devices (``--hybrid-cost-model``) or, without
 one, one where every floating-point operation costs the same.  Every
 placement is tried when there are few enough, otherwise a local search
-moves one layer at a time from the default.  Scripts and tests simulate
+moves one layer at a time from the default.  For the best layers, the
+device of each bidirectional layer's reverse direction is chosen too, and
+(hybrid mode) the attention-softmax shard sizes: equal, sized to even out
+the devices' work (:func:`balanced_shard_weights`), or halfway between
+(work after the pipeline makes up for work inside it only as far as
+micro-batches overlap the two): the
+default's reverse direction lands beside the widest encoder layer, the
+busiest device of a default group.  Scripts and tests simulate
 models they never train on a parameter-free twin (:mod:`.twin_model`).
 """
 
@@ -18,8 +25,9 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..parallel import AUTO, build_plan, chunk_length_option, default_placement, parse_devices, placement_text
-from .schedule_simulator import CostModel, StepTime, step_time
+from ..parallel import (AUTO, build_hybrid_step, build_plan, chunk_length_option, default_placement, parse_devices,
+                        parse_placement, placement_text)
+from .schedule_simulator import CostModel, StepTime, flops, step_time
 from .twin_model import batch
 
 logger = logging.getLogger(__name__)
@@ -54,13 +62,37 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
     net_input, target = batch(sentences, [source_length] * sentences, target_length)
     names = ",".join(str(d) for d in devices)
     layers = (cfg.encoder_layers, cfg.decoder_layers)
+    micro_batches = getattr(cfg, "hybrid_micro_batches", 1)
+    mode = getattr(cfg, "hybrid_mode", "hybrid")
     times: Dict[str, StepTime] = {}
 
     def evaluate(placement: str) -> float:
         if placement not in times:
-            plan = build_plan(names, placement, "hybrid", *layers)
-            times[placement] = step_time(model, plan, net_input, target, cost, chunk_length)
+            plan = build_plan(names, placement, mode, *layers)
+            times[placement] = step_time(model, plan, net_input, target, cost, chunk_length,
+                                         micro_batches=micro_batches)
         return times[placement].total
+
+    def balanced(encoder, decoder) -> Choice:
+        """The layers' placement with the reverse directions and the shard
+        sizes that give the shortest step (each reverse direction on any
+        device; shards equal or evening out the devices' work)."""
+        bidirectional = sum(1 for layer in model.encoder.stack.layers if layer.bidirectional)
+        best_text, best_total = placement_text(encoder, decoder), None
+        for reverse in itertools.product(range(len(devices)), repeat=bidirectional if len(devices) > 1 else 0):
+            plain = placement_text(encoder, decoder, reverse)
+            candidates = [plain]
+            if mode == "hybrid" and len(devices) > 1:
+                plan = build_plan(names, plain, mode, *layers)
+                even = balanced_shard_weights(model, plan, net_input, target, chunk_length, micro_batches)
+                halfway = tuple(weight + 100 // len(devices) for weight in even)  # between equal and even
+                candidates += [placement_text(encoder, decoder, reverse, even),
+                               placement_text(encoder, decoder, reverse, halfway)]
+            for candidate in candidates:
+                total = evaluate(candidate)
+                if best_total is None or total < best_total * (1 - 1e-6):
+                    best_text, best_total = candidate, total
+        return best_text
 
     k = len(devices)
     encoder, decoder = default_placement(*layers, k)
@@ -71,6 +103,7 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
             total = evaluate(candidate)
             if total < best_total * (1 - 1e-6):
                 best, best_total = candidate, total
+        best = balanced(*parse_placement(best, *layers, k)[:2])
         return Choice(best, times[best], times[default])
     improved = True
     while improved:
@@ -84,7 +117,38 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
             total = evaluate(candidate)
             if total < best_total:
                 best, best_total, (encoder, decoder), improved = candidate, total, current, True
+    best = balanced(encoder, decoder)
     return Choice(best, times[best], times[default])
+
+
+def balanced_shard_weights(model, plan, net_input, target, chunk_length: int = 0, micro_batches: int = 1,
+                           resolution: int = 100) -> Tuple[int, ...]:
+    """Attention-softmax shard weights (summing to about ``resolution``)
+    that even out the devices' floating-point work: each device's work
+    outside the attention-softmax part is counted from the step's cells,
+    and the part's work, which grows with the sentences of a shard, fills
+    the least loaded devices up to a common level (none for a device
+    already above it)."""
+    built = build_hybrid_step(model, plan, net_input, target, lambda *args: args, chunk_length,
+                              micro_batches=micro_batches)
+    other, shards = [0.0] * plan.size, 0.0
+    for cell in built.step.cells:
+        if cell.work is None:
+            continue
+        work = sum(flops(cell.work, phase) for phase in ("forward", "backward"))
+        if cell.work.kind == "attention_softmax":
+            shards += work
+        else:
+            other[cell.worker] += work
+    level_low, level_high = min(other), max(other) + shards
+    for _ in range(60):  # the level where the shards' work fills the gaps exactly
+        level = (level_low + level_high) / 2
+        if sum(max(0.0, level - load) for load in other) > shards:
+            level_high = level
+        else:
+            level_low = level
+    weights = [round(resolution * max(0.0, level_low - load) / shards) if shards else 1 for load in other]
+    return tuple(weights) if sum(weights) else tuple([1] * plan.size)
 
 
 def auto_placement(model, cfg) -> str:

@@ -183,7 +183,7 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
     same_device = list(same_device) if same_device is not None else list(range(num_workers))
     seconds = cell_seconds or (lambda cell, phase: cost.seconds(cell.work, phase))
     factor = cost.slowdown if num_workers > 1 else 1.0
-    cell_clocks = clocks([CellSpec(cell.worker, cell.inputs) for cell in cells])
+    cell_clocks = clocks([CellSpec(cell.worker, cell.inputs, cell.not_before) for cell in cells])
     order = sorted(range(len(cells)), key=lambda i: (cell_clocks[i], i))
 
     def crosses(a: Cell, b: Cell) -> bool:
