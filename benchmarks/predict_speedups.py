@@ -48,62 +48,15 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from fairseq_hybrid.harness.measuring import write_report
-from fairseq_hybrid.parallel import Cell, build_hybrid_step, build_plan
+from fairseq_hybrid.parallel import Cell, build_plan
 from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, speedup
 from fairseq_hybrid.planning.twin_model import batch, twin_model
-from fairseq_hybrid.planning.gpu_costs import KINDS, PHASES, best_chunk_length, cost_set, predicted_step
-from fairseq_hybrid.planning.schedule_simulator import CostModel, flops, step_time
-
-GNMT_A100_TOKENS_PER_S = 83.2e3
-
-
-def host_fixed(path: Optional[str], k: int, lstm_kernel: bool = True) -> Dict[str, float]:
-    """Seconds of host time per cell by kind and phase at ``k`` workers:
-    the cell's own call plus the time outside cells per cell, from the
-    host-cost benchmark's whole-sequence (default chunk) row for ``k``
-    (the nearest K measured).  ``lstm_kernel=False``: an LSTM cell's
-    kernel op (on a CPU, oneDNN doing the layer's work at a fixed cost of
-    its own; its share of the cell measured at K = 1) counted as one small
-    op instead, as if the call only queued a kernel."""
-    if not path:
-        return {f"{kind}/{phase}": 30e-6 for kind in KINDS for phase in PHASES}
-    report = json.load(open(path))
-    rows = [row for row in report["rows"] if row["chunk_length"] == 0]
-    row = min(rows, key=lambda r: abs(r["k"] - k))
-    outside = row["outside_cells_us_per_cell"]
-    fixed = {}
-    for kind in KINDS:
-        for phase in PHASES:
-            cell = row["cell_us"].get(f"{kind}/{phase}", row["cell_us"].get(f"lstm/{phase}", 0.0))
-            if kind == "lstm" and not lstm_kernel:
-                cell = cell * (1.0 - report["lstm_kernel_share_k1_whole"][f"lstm/{phase}"]) + report["op_us"]
-            fixed[f"{kind}/{phase}"] = (cell + outside) * 1e-6
-    return fixed
-
-
-def a100_rate(model, cfg, sample, fixed, step_us, tokens_per_s: float = GNMT_A100_TOKENS_PER_S) -> float:
-    """The FLOP rate at which one device's step takes the time that
-    ``tokens_per_s`` (source + target) gives: GNMT v2's one-A100 figure, or
-    one measured on a GPU at hand (``--one-device-tokens-per-s``)."""
-    target = 128 * (50 + 50) / tokens_per_s
-    free = cost_set("a100", fixed, step_us, float("inf"))
-    plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-    other = step_time(model, plan, *sample, free).total
-    work = total_flops(model, cfg, sample)
-    if target <= other:
-        raise SystemExit(f"the host and latency costs alone ({other * 1e3:.1f} ms) exceed the one-device step "
-                         f"({target * 1e3:.1f} ms): no rate fits")
-    return work / (target - other)
-
-
-def total_flops(model, cfg, sample) -> float:
-    plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-    built = build_hybrid_step(model, plan, *sample, None, 0)
-    return sum(flops(cell.work, phase) for cell in built.step.cells for phase in PHASES if cell.work is not None)
-
+from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, a100_rate, best_chunk_length, cost_set,
+                                               host_fixed, predicted_step)
+from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 def owned_bytes(model, cfg, k) -> List[float]:
     """Gradient bytes of the parameters each device of a hybrid group owns

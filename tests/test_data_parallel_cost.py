@@ -67,3 +67,23 @@ def test_the_speedup_table(tmp_path):
     by_host = report["host_sensitivity"]["p100"]
     assert (by_host["measured at K = 1, LSTM kernel call as one op"]["hybrid K=4"]
             > by_host["measured at K = 1 (one worker)"]["hybrid K=4"])
+
+
+def test_the_fair_race_table(tmp_path):
+    """benchmarks/fair_race.py on small settings: the bound by micro-batches
+    (auto's placement never below the default's, the busiest device's share
+    a fraction above 1/K), and the group at K x 128 sentences beside DDP at
+    128 per GPU in both cost sets."""
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--micro-batches", "1,2",
+                    "--lengths", "0", "--groups", "2", "--no-eight", "--out", str(tmp_path)],
+                   check=True, capture_output=True, cwd=REPO)
+    report = json.loads((tmp_path / "fair_race.json").read_text())
+    assert len(report["bounds"]) == 4
+    for row in report["bounds"].values():
+        assert row["auto"]["bound"] >= row["default"]["bound"] * (1 - 1e-6) > 1.0
+        assert 0.25 < row["default"]["busiest_share"] < 1.0
+    for name in ("p100", "a100"):
+        race = report["race"][name]["K=2"]
+        assert race["ddp"] == pytest.approx(2.0, rel=0.05) and race["group"] > 1.0
+        assert race["micro_batches"] in (1, 2) and race["chunk_length"] == 0
+    assert "| K=2 |" in (tmp_path / "fair_race.md").read_text()

@@ -12,13 +12,15 @@ named sets are the assumptions the documentation's tables state: ``p100``
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import json
+from typing import Dict, Optional, Sequence, Tuple
 
-from ..parallel import build_plan
+from ..parallel import build_hybrid_step, build_plan
 from .chunk_choice import candidate_lengths
-from .schedule_simulator import CostModel, StepTime, step_time
+from .schedule_simulator import CostModel, StepTime, flops, step_time
 
-__all__ = ["KINDS", "PHASES", "COST_SETS", "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
+__all__ = ["KINDS", "PHASES", "COST_SETS", "GNMT_A100_TOKENS_PER_S", "host_fixed", "a100_rate", "total_flops",
+           "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
 
 KINDS = ("lstm", "attention_softmax", "embedding", "gather")
 PHASES = ("forward", "backward")
@@ -26,6 +28,56 @@ COST_SETS = {
     "p100": {"step_overhead": 5e-3, "link_bandwidth": 12e9, "link_latency": 10e-6},
     "a100": {"step_overhead": 3e-3, "link_bandwidth": 210e9, "link_latency": 10e-6},
 }
+
+
+GNMT_A100_TOKENS_PER_S = 83.2e3  # NVIDIA GNMT v2 (PyTorch), one A100, TF32, batch 128: source + target tokens/s
+
+
+def host_fixed(path: Optional[str], k: int, lstm_kernel: bool = True) -> Dict[str, float]:
+    """Seconds of host time per cell by kind and phase at ``k`` workers:
+    the cell's own call plus the time outside cells per cell, from the
+    host-cost benchmark's whole-sequence (default chunk) row for ``k``
+    (the nearest K measured).  ``lstm_kernel=False``: an LSTM cell's
+    kernel op (on a CPU, oneDNN doing the layer's work at a fixed cost of
+    its own; its share of the cell measured at K = 1) counted as one small
+    op instead, as if the call only queued a kernel."""
+    if not path:
+        return {f"{kind}/{phase}": 30e-6 for kind in KINDS for phase in PHASES}
+    with open(path) as file:
+        report = json.load(file)
+    rows = [row for row in report["rows"] if row["chunk_length"] == 0]
+    row = min(rows, key=lambda r: abs(r["k"] - k))
+    outside = row["outside_cells_us_per_cell"]
+    fixed = {}
+    for kind in KINDS:
+        for phase in PHASES:
+            cell = row["cell_us"].get(f"{kind}/{phase}", row["cell_us"].get(f"lstm/{phase}", 0.0))
+            if kind == "lstm" and not lstm_kernel:
+                cell = cell * (1.0 - report["lstm_kernel_share_k1_whole"][f"lstm/{phase}"]) + report["op_us"]
+            fixed[f"{kind}/{phase}"] = (cell + outside) * 1e-6
+    return fixed
+
+
+def a100_rate(model, cfg, sample, fixed, step_us, tokens_per_s: float = GNMT_A100_TOKENS_PER_S) -> float:
+    """The FLOP rate at which one device's step takes the time that
+    ``tokens_per_s`` (source + target) gives: GNMT v2's one-A100 figure, or
+    one measured on a GPU at hand (``--one-device-tokens-per-s``)."""
+    target = 128 * (50 + 50) / tokens_per_s
+    free = cost_set("a100", fixed, step_us, float("inf"))
+    plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    other = step_time(model, plan, *sample, free).total
+    work = total_flops(model, cfg, sample)
+    if target <= other:
+        raise ValueError(f"the host and latency costs alone ({other * 1e3:.1f} ms) exceed the one-device step "
+                         f"({target * 1e3:.1f} ms): no rate fits")
+    return work / (target - other)
+
+
+def total_flops(model, cfg, sample) -> float:
+    """Floating-point operations of one device's step, forward and backward."""
+    plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    built = build_hybrid_step(model, plan, *sample, None, 0)
+    return sum(flops(cell.work, phase) for cell in built.step.cells for phase in PHASES if cell.work is not None)
 
 
 def gpu_cost_model(rate: float, fixed: Dict[str, float], step_us: float, step_overhead: float,
@@ -58,7 +110,8 @@ def predicted_step(model, cfg, k: int, mode: str, cost: CostModel, net_input, ta
 
 
 def best_chunk_length(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, transform=None,
-                      replica_copies: bool = True, lengths: Optional[Tuple[int, ...]] = None) -> Tuple[int, StepTime]:
+                      replica_copies: bool = True, lengths: Optional[Sequence[int]] = None, placement: str = "",
+                      micro_batches: int = 1) -> Tuple[int, StepTime]:
     """The chunk length with the shortest predicted step, and that step,
     among ``--hybrid-chunk-length auto``'s candidates for the batch's widths
     (or ``lengths``); data mode has no chunks."""
@@ -66,6 +119,6 @@ def best_chunk_length(model, cfg, k: int, mode: str, cost: CostModel, net_input,
         return 0, predicted_step(model, cfg, k, mode, cost, net_input, target)
     if lengths is None:
         lengths = candidate_lengths(net_input["src_tokens"].size(1), net_input["prev_output_tokens"].size(1))
-    options = [(length, predicted_step(model, cfg, k, mode, cost, net_input, target, length, "", transform,
-                                       replica_copies)) for length in lengths]
+    options = [(length, predicted_step(model, cfg, k, mode, cost, net_input, target, length, placement, transform,
+                                       replica_copies, micro_batches)) for length in lengths]
     return min(options, key=lambda option: option[1].total)

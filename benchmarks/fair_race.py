@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""The group against DDP at the same global batch, predicted: what a user
+with K GPUs would compare.
+
+A user who moves from one GPU to K under DDP keeps ``--max-tokens`` per
+GPU: each step trains K batches (weak scaling, how NVIDIA's GNMT v2 figures
+were measured).  A group given the same global batch trains K batches'
+sentences per step on its K devices.  Both are set against one device at
+one batch (``hybrid_lstm_paper``, 32k vocabulary, 128 sentences of 50 + 50
+tokens) and measured in tokens per second.
+
+Two tables, from the schedule simulator replaying the engine's own cells
+(``fairseq_hybrid/planning/``):
+
+1. the dependency bound (every FLOP costs the same, nothing else costs) of
+   a group of 4 at 4 x 128 sentences for each count of micro-batches
+   (``--hybrid-micro-batches``), at the default placement and at the one
+   ``--hybrid-placement auto`` finds (layers, the reverse direction of the
+   bidirectional layer, the shard sizes), with the busiest device's share
+   of the step's FLOPs beside it; with and without the bidirectional
+   bottom layer;
+2. the group at K x 128 sentences at its best chunk length and count of
+   micro-batches (searched placement) against DDP at 128 per GPU, under
+   the P100 and A100 cost sets of ``benchmarks/predict_speedups.py``, with
+   the host time per cell of ``--host-cost``.
+
+What it leaves out (so what DDP's figure here is too good or too bad by):
+DDP's stragglers (each of its K batches differs, every step waits for the
+slowest), an LSTM cell's time as a function of its batch on a real GPU
+(small micro-batches use a GPU less well), and the host queueing kernels
+ahead of the device (the host time is added to each cell).
+
+    .venv/bin/python benchmarks/fair_race.py --host-cost docs/bench/host_cost.json --out docs/bench
+
+Writes fair_race.json and fair_race.md into --out.  Minutes: no training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Dict, List, Sequence
+
+import torch
+
+from fairseq_hybrid.harness.measuring import write_report
+from fairseq_hybrid.parallel import build_hybrid_step, build_plan
+from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, speedup
+from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, a100_rate, best_chunk_length, cost_set,
+                                               host_fixed, predicted_step)
+from fairseq_hybrid.planning.placement_search import best_placement
+from fairseq_hybrid.planning.schedule_simulator import CostModel, flops
+from fairseq_hybrid.planning.twin_model import batch, twin_model
+
+PER_GPU = (128, 50, 50)  # sentences, source and target tokens of one GPU's batch
+
+
+def busiest_share(model, cfg, k: int, placement: str, sample, chunk_length: int, micro_batches: int) -> float:
+    """The busiest device's share of the step's floating-point operations."""
+    plan = build_plan(",".join(["cpu"] * k), placement, "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    built = build_hybrid_step(model, plan, *sample, lambda *args: args, chunk_length, micro_batches=micro_batches)
+    work = [0.0] * k
+    for cell in built.step.cells:
+        if cell.work is not None:
+            work[cell.worker] += flops(cell.work, "forward") + flops(cell.work, "backward")
+    return max(work) / sum(work)
+
+
+def searched(model, cfg, k: int, cost: CostModel, sample, micro_batches: int, lengths):
+    """``--hybrid-placement auto``'s choice for this count of micro-batches
+    at the chunk length that suits the default placement best (auto keeps
+    the default unless another is faster at that length), then that
+    placement's own best chunk length: ``(placement, length, step)``."""
+    default_length, _ = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
+                                          micro_batches=micro_batches)
+    cfg.hybrid_chunk_length, cfg.hybrid_micro_batches = default_length, micro_batches
+    placement = best_placement(model, cfg, [torch.device("cpu")] * k, cost,
+                               shape=(sample[1].size(0), PER_GPU[1], PER_GPU[2]))[0]
+    length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths, placement=placement,
+                                     micro_batches=micro_batches)
+    return placement, length, step
+
+
+def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: Sequence[int], lengths) -> Dict:
+    """The group's shortest predicted step over the counts of micro-batches
+    (each at its searched placement) and the chunk lengths."""
+    best = None
+    for micro_batches in micro_batch_counts:
+        placement, length, step = searched(model, cfg, k, cost, sample, micro_batches, lengths)
+        if best is None or step.total < best["step"].total:
+            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length, "placement": placement}
+    return best
+
+
+def bound_table(args, sample) -> Dict:
+    rows = {}
+    free = CostModel()
+    for label, options in (("with the bidirectional layer", {}),
+                           ("--encoder-bidirectional-layers 0", {"encoder_bidirectional_layers": 0})):
+        model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary, **options)
+        one = predicted_step(model, cfg, 1, "hybrid", free, *sample).total
+        for micro_batches in args.micro_batches:
+            row = {}
+            default = ("",) + best_chunk_length(model, cfg, 4, "hybrid", free, *sample, lengths=args.lengths,
+                                                micro_batches=micro_batches)
+            for name, (placement, length, step) in (("default", default),
+                                                    ("auto", searched(model, cfg, 4, free, sample, micro_batches,
+                                                                      args.lengths))):
+                row[name] = {"bound": one / step.total, "chunk_length": length, "placement": placement,
+                             "busiest_share": busiest_share(model, cfg, 4, placement, sample, length, micro_batches)}
+            rows[f"{label}, M={micro_batches}"] = row
+            print(f"bound {label}, M={micro_batches}: default {row['default']['bound']:.2f}x, "
+                  f"auto {row['auto']['bound']:.2f}x", flush=True)
+    return rows
+
+
+def race_table(args) -> Dict:
+    model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
+    per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
+    gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    report: Dict = {}
+    for name in ("p100", "a100"):
+        step_us = 20.0 if name == "p100" else 10.0
+        fixed_one = host_fixed(args.host_cost, 1)
+        rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, per_gpu, fixed_one, step_us,
+                                                             args.one_device_tokens_per_s)
+        one_cost = cost_set(name, fixed_one, step_us, rate)
+        one = predicted_step(model, cfg, 1, "hybrid", one_cost, *per_gpu)
+        rows = {}
+        for k in args.groups:
+            sentences = k * PER_GPU[0]
+            merged = batch(sentences, [PER_GPU[1]] * sentences, PER_GPU[2])
+            cost = cost_set(name, host_fixed(args.host_cost, k), step_us, rate)
+            group = best_group(model, cfg, k, cost, merged, args.micro_batches, args.lengths)
+            ddp = data_parallel_step(one, gradient_bytes, k, one_cost)
+            rows[f"K={k}"] = {
+                "ddp": speedup(one, ddp, k), "group": speedup(one, group["step"], k),
+                "micro_batches": group["micro_batches"], "chunk_length": group["chunk_length"],
+                "placement": group["placement"]}
+            if k == 4 and args.eight:
+                # two groups of four under DDP: each group's step at 512 sentences, the all-reduce between twins
+                owned = max(owned_bytes(model, cfg, group["placement"]))
+                two = data_parallel_step(group["step"], owned, 2, cost)
+                rows["2 groups x 4 (8 GPUs)"] = {"ddp": speedup(one, data_parallel_step(one, gradient_bytes, 8,
+                                                                                        one_cost), 8),
+                                                 "group": speedup(one, two, 8), **{key: group[key] for key in (
+                                                     "micro_batches", "chunk_length", "placement")}}
+            print(f"{name} K={k}: DDP {rows[f'K={k}']['ddp']:.2f}x, group {rows[f'K={k}']['group']:.2f}x "
+                  f"(M={group['micro_batches']}, chunk {group['chunk_length']})", flush=True)
+        report[name] = rows
+    return report
+
+
+def owned_bytes(model, cfg, placement: str) -> List[float]:
+    """Gradient bytes of the parameters each device of a group of 4 owns
+    (where ``HybridGroup.place`` puts them)."""
+    plan = build_plan("cpu,cpu,cpu,cpu", placement, "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    encoder, decoder = model.encoder.stack, model.decoder.stack
+    owned = [0.0] * plan.size
+
+    def add(module, worker):
+        owned[worker] += 4.0 * sum(p.numel() for p in module.parameters())
+
+    add(encoder.embed_tokens, plan.encoder[0])
+    for layer, module in enumerate(encoder.layers):
+        add(module, plan.encoder[layer])
+    add(decoder.embed_tokens, plan.decoder[0])
+    for layer, module in enumerate(decoder.layers):
+        for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
+            add(part, plan.decoder[layer])
+    add(model.decoder.attention_softmax, plan.decoder[0])
+    return owned
+
+
+def markdown(report: Dict) -> str:
+    lines = ["Dependency bound (every FLOP costs the same, nothing else costs) of a group of 4 at 4 x 128 "
+             "sentences of 50 + 50 tokens against one device at 128, `hybrid_lstm_paper`, by micro-batches "
+             "(`--hybrid-micro-batches`); the busiest device's share of the step's FLOPs beside each "
+             "(`benchmarks/fair_race.py`):", "",
+             "| model, micro-batches | default placement | busiest | `--hybrid-placement auto` | busiest |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, row in report["bounds"].items():
+        default, auto = row["default"], row["auto"]
+        lines.append(f"| {name} | {default['bound']:.2f}x | {default['busiest_share']:.1%} | {auto['bound']:.2f}x | "
+                     f"{auto['busiest_share']:.1%} |")
+    lines += ["", "At the same global batch: DDP at 128 sentences per GPU, the group at K x 128 per step at its "
+              "best count of micro-batches and chunk length (placement by `--hybrid-placement auto`); speed-up "
+              "in tokens/s over one GPU at 128, host time per cell measured on CPU:", "",
+              "| GPUs | P100 set: DDP | group | A100 set: DDP | group | group's M, chunk length (P100; A100) |",
+              "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for name in report["race"]["p100"]:
+        p, a = report["race"]["p100"][name], report["race"]["a100"][name]
+        lines.append(f"| {name} | {p['ddp']:.2f}x | {p['group']:.2f}x | {a['ddp']:.2f}x | {a['group']:.2f}x | "
+                     f"{p['micro_batches']}, {p['chunk_length']}; {a['micro_batches']}, {a['chunk_length']} |")
+    lines += ["", "Placements: " + "; ".join(f"{name} {row['placement'] or 'default'}"
+                                             for name, row in report["race"]["p100"].items()),
+              "", "Not in these figures: DDP's stragglers, a GPU's LSTM time as a function of batch size, the "
+              "host queueing ahead of the device."]
+    return "\n".join(lines) + "\n"
+
+
+def integers(text: str) -> List[int]:
+    return [int(value) for value in text.split(",") if value.strip()]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host-cost", help="benchmarks/bench_host_cost.py --json output (default: 30 us per cell)")
+    parser.add_argument("--one-device-tokens-per-s", type=float, default=GNMT_A100_TOKENS_PER_S,
+                        help="the A100 set's one-device rate (as benchmarks/predict_speedups.py)")
+    parser.add_argument("--vocabulary", type=int, default=32000)
+    parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4, 8], help="counts to try (default 1,2,4,8)")
+    parser.add_argument("--lengths", type=integers, default=None,
+                        help="chunk lengths to try (default: --hybrid-chunk-length auto's candidates)")
+    parser.add_argument("--groups", type=integers, default=[2, 4], help="group sizes K (default 2,4)")
+    parser.add_argument("--no-eight", dest="eight", action="store_false", help="leave out 2 groups x 4 on 8 GPUs")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    started = time.time()
+    sample = batch(4 * PER_GPU[0], [PER_GPU[1]] * 4 * PER_GPU[0], PER_GPU[2])
+    report = {"bounds": bound_table(args, sample), "race": race_table(args),
+              "minutes": (time.time() - started) / 60}
+    text = markdown(report)
+    print(text)
+    if args.out:
+        write_report(report, os.path.join(args.out, "fair_race.json"), text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
