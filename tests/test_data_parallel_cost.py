@@ -87,3 +87,22 @@ def test_the_fair_race_table(tmp_path):
         assert race["ddp"] == pytest.approx(2.0, rel=0.05) and race["group"] > 1.0
         assert race["micro_batches"] in (1, 2) and race["chunk_length"] == 0
     assert "| K=2 |" in (tmp_path / "fair_race.md").read_text()
+
+
+def test_small_lstm_batches_run_at_a_gpus_lower_throughput():
+    """The GPU cost sets price an LSTM cell by its batch (DeepBench's V100
+    LSTM, planning/lstm_batch_efficiency.json): full rate from 128
+    sentences up, less below; four cells of 32 sentences cost about 2.4
+    times one of 128 going forward, where FLOPs alone would make them equal."""
+    from fairseq_hybrid.parallel import Work
+    from fairseq_hybrid.planning.gpu_costs import cost_set
+
+    priced, flat = cost_set("p100", {}, 0.0, 1e12), cost_set("p100", {}, 0.0, 1e12, batch_efficiency=False)
+    assert priced.batch_efficiency(128, "forward") == 1.0 == priced.batch_efficiency(512, "backward")
+    assert priced.batch_efficiency(64, "forward") == pytest.approx((64 / 88.2) / (128 / 130.0))
+    assert priced.batch_efficiency(8, "forward") == pytest.approx((8 / 76.9) / (128 / 130.0))  # latency-bound
+    assert 0 < priced.batch_efficiency(16, "backward") < priced.batch_efficiency(48, "backward") < 1
+    whole, quarter = Work("lstm", 128 * 25, (1024, 1024, 25)), Work("lstm", 32 * 25, (1024, 1024, 25))
+    assert 4 * flat.seconds(quarter, "forward") == pytest.approx(flat.seconds(whole, "forward"))
+    ratio = 4 * priced.seconds(quarter, "forward") / priced.seconds(whole, "forward")
+    assert ratio == pytest.approx((128 / 130.0) / (32 / 79.1)) and 2.4 < ratio < 2.5

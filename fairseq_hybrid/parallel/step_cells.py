@@ -45,10 +45,11 @@ from torch import Tensor
 
 from ..criterions.fused_output_loss import KeptTargets, kept_targets
 from ..sorted_packing import chunk_lengths, sorted_layout
-from .batch_shards import batch_slices, sum_on, token_balanced_slices
+from .batch_shards import batch_slices, sum_on
 from .cell_graph import Cell, DeviceUsage, Work, run_cells
 from .device_plan import DevicePlan
 from .replicas import ModelReplicas, Replicas
+from .micro_batches import micro_batches_of
 from .single_device_masks import SingleDeviceMasks, draw_single_device_masks, with_masks
 from .transfer import arrive, to_devices
 from .wavefront import Ref
@@ -205,11 +206,10 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     fixes their dropout seeds: for each micro-batch, encoder, its top
     states, decoder, shards.  ``replicas``: the group's replica caches
     (fresh ones when not given, as for the schedule simulator, which never
-    runs the cells).  ``micro_batches``: the batch's rows cut into that
-    many contiguous slices of near-equal tokens, each its own chain of
-    cells (their loss sums add up to the batch's), so that one device's
-    layer works on a micro-batch while the next device works on the one
-    before and the attention-softmax part on an earlier one still."""
+    runs the cells).  ``micro_batches``: how many (:mod:`.micro_batches`),
+    each its own chain of cells, so that one device's layer works on a
+    micro-batch while the next device works on the one before and the
+    attention-softmax part on an earlier one still."""
     step = StepBuilder(model, plan, replicas or ModelReplicas(model))
     masks = None
     if single_device_masks:  # the whole batch's, as the single-device model draws them
@@ -221,15 +221,9 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     # the one before it (the simulator's best for the paper's setting lay
     # between a 4th and a 3rd of them, whatever the chunk length).
     stagger = max(1, round(len(time_chunks(net_input["src_tokens"].size(1), chunk_length, plan.size)) / plan.size))
-    for index, rows in enumerate(micro_batch_rows(net_input, target, micro_batches, model.decoder.dictionary.pad())):
-        if rows is None:  # the whole batch
-            part_input, part_target, part_masks = net_input, target, masks
-        else:
-            part_input = {key: value[rows] if torch.is_tensor(value) else value for key, value in net_input.items()}
-            part_target, part_masks = target[rows], None if masks is None else masks.rows(rows)
-        step.prefix = "" if rows is None else f"micro-batch {rows.start}-{rows.stop - 1}: "
-        step.not_before = index * stagger
-        batch = _Batch(model, plan, part_input, part_target, chunk_length, part_masks)
+    for part in micro_batches_of(net_input, target, masks, micro_batches, model.decoder.dictionary.pad()):
+        step.prefix, step.not_before = part.name, part.index * stagger
+        batch = _Batch(model, plan, part.net_input, part.target, chunk_length, part.masks)
         encoder_output, final_states, direction_uses = _add_encoder(step, batch)
         encoder_shards = _add_encoder_top(step, batch, encoder_output)
         decoder_chunks = _add_decoder(step, batch, final_states)
@@ -242,16 +236,6 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     # order the replicas are first needed: their parameter copies queue one
     # behind the other on their master's device
     return BuiltStep(step, outputs, tuple(sorted(_merged(uses), key=lambda use: min(use.cells))))
-
-
-def micro_batch_rows(net_input: Dict[str, Tensor], target: Tensor, count: int, pad: int) -> List[Optional[slice]]:
-    """The rows of each micro-batch: ``[None]`` (the whole batch) for one,
-    else contiguous slices with near-equal tokens (source and target,
-    padding not counted)."""
-    if count <= 1 or target.size(0) <= 1:
-        return [None]
-    tokens = (net_input["src_lengths"].cpu() + target.ne(pad).sum(1).cpu()).tolist()
-    return token_balanced_slices(tokens, count)
 
 
 def _merged(uses: Sequence[ReplicaUse]) -> List[ReplicaUse]:

@@ -13,6 +13,7 @@ named sets are the assumptions the documentation's tables state: ``p100``
 from __future__ import annotations
 
 import json
+import os
 from typing import Dict, Optional, Sequence, Tuple
 
 from ..parallel import build_hybrid_step, build_plan
@@ -80,21 +81,39 @@ def total_flops(model, cfg, sample) -> float:
     return sum(flops(cell.work, phase) for cell in built.step.cells for phase in PHASES if cell.work is not None)
 
 
+LSTM_BATCH_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lstm_batch_efficiency.json")
+
+
+def lstm_batch_curve() -> Tuple[Dict[str, list], int]:
+    """An LSTM layer's GPU seconds per time step by batch, per phase, and
+    the batch the rate stands for (the file says where they were measured)."""
+    with open(LSTM_BATCH_FILE) as file:
+        data = json.load(file)
+    return data["seconds_per_step"], int(data["reference_batch"])
+
+
 def gpu_cost_model(rate: float, fixed: Dict[str, float], step_us: float, step_overhead: float,
-                   link_bandwidth: float, link_latency: float, note: str = "") -> CostModel:
+                   link_bandwidth: float, link_latency: float, note: str = "",
+                   batch_efficiency: bool = True) -> CostModel:
     """Every cell kind at ``rate`` FLOP/s, ``fixed`` seconds per cell call
     by ``kind/phase``, ``step_us`` per LSTM time step forward (twice
-    backward), ``step_overhead`` seconds per step outside the cells."""
+    backward), ``step_overhead`` seconds per step outside the cells.
+    ``batch_efficiency``: an LSTM cell of fewer sentences than the batch
+    the rate stands for (128) runs at the lower throughput a GPU reaches
+    there (:func:`lstm_batch_curve`); without it, FLOPs cost the same at
+    any batch (the bound)."""
+    curve, reference = lstm_batch_curve() if batch_efficiency else ({}, 0)
     return CostModel(rates={f"{kind}/{phase}": rate for kind in KINDS for phase in PHASES}, fixed=dict(fixed),
                      per_step={"lstm/forward": step_us * 1e-6, "lstm/backward": 2 * step_us * 1e-6},
                      step_overhead=step_overhead, link_bandwidth=link_bandwidth, link_latency=link_latency,
-                     note=note)
+                     note=note, lstm_batch_seconds=curve, lstm_reference_batch=reference)
 
 
-def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float) -> CostModel:
+def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float,
+             batch_efficiency: bool = True) -> CostModel:
     """The named set (:data:`COST_SETS`) at ``rate`` with this host time and
     time-step latency."""
-    return gpu_cost_model(rate, fixed, step_us, **COST_SETS[name])
+    return gpu_cost_model(rate, fixed, step_us, batch_efficiency=batch_efficiency, **COST_SETS[name])
 
 
 def predicted_step(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, chunk_length: int = 0,

@@ -84,15 +84,39 @@ class CostModel:
     link_bandwidth: float = float("inf")  # bytes/s between two devices
     link_latency: float = 0.0  # seconds per transfer between two devices
     slowdown: float = 1.0  # per-cell time factor when all devices run at once (shared memory bandwidth)
+    # an LSTM layer's seconds per time step by batch, per phase ([[batch, seconds], ...], measured at one
+    # size): its throughput at a cell's batch over that at lstm_reference_batch scales the cell's rate
+    lstm_batch_seconds: Dict[str, List[List[float]]] = field(default_factory=dict)
+    lstm_reference_batch: int = 0
     default_rate: float = 1e10
     note: str = ""
 
     def seconds(self, work: Work, phase: str) -> float:
         key = f"{work.kind}/{phase}"
-        seconds = flops(work, phase) / self.rates.get(key, self.default_rate) + self.fixed.get(key, 0.0)
+        rate = self.rates.get(key, self.default_rate)
+        if work.kind == "lstm" and phase in self.lstm_batch_seconds and work.sizes[2] > 0:
+            rate *= self.batch_efficiency(work.tokens / work.sizes[2], phase)
+        seconds = flops(work, phase) / rate + self.fixed.get(key, 0.0)
         if work.kind == "lstm" and key in self.per_step:
             seconds += self.per_step[key] * work.sizes[2]
         return seconds
+
+    def batch_efficiency(self, rows: float, phase: str) -> float:
+        """An LSTM cell's throughput at ``rows`` sentences over that at the
+        reference batch: time per step interpolated linearly between the
+        measured batches, constant below the smallest (latency), and the
+        reference's throughput above it."""
+        points = sorted(self.lstm_batch_seconds[phase])
+        reference = self.lstm_reference_batch
+        if rows >= reference:
+            return 1.0
+        if rows <= points[0][0]:
+            seconds = points[0][1]
+        else:
+            seconds = next(s0 + (s1 - s0) * (rows - b0) / (b1 - b0)
+                           for (b0, s0), (b1, s1) in zip(points, points[1:]) if b0 <= rows <= b1)
+        at_reference = next(s for b, s in points if b == reference)
+        return min(1.0, (rows / seconds) / (reference / at_reference))
 
     def transfer(self, work: Work) -> float:
         if self.link_bandwidth == float("inf"):
