@@ -80,8 +80,9 @@ def measure(args, count: int, mode: Optional[str], sizes: List[int]) -> Dict[int
     with virtual_devices(streams=False) as harness:
         torch.manual_seed(0)
         # one device: the engine on a group of one (--hybrid-devices cuda:0)
+        micro_batches = args.micro_batches if mode in ("hybrid", "model") else 1
         model = build_model(args.arch, dictionary, dictionary, hybrid_devices=",".join(str(d) for d in devices),
-                            hybrid_mode=mode or "hybrid").train()
+                            hybrid_mode=mode or "hybrid", hybrid_micro_batches=micro_batches).train()
         criterion = HybridCrossEntropyCriterion(StandInTask(dictionary, dictionary), False, 0.1)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=False)
         for sentences in [min(4, *sizes), *sizes]:
@@ -169,6 +170,8 @@ def main(argv=None) -> int:
     parser.add_argument("--measure-sentences", default="64,128", help="two batch sizes actually run")
     parser.add_argument("--groups", default="1,2,4", help="device counts (1: the model alone on one device)")
     parser.add_argument("--modes", default="hybrid,model,data")
+    parser.add_argument("--micro-batches", type=int, default=1,
+                        help="--hybrid-micro-batches of the hybrid and model groups (default 1)")
     parser.add_argument("--out", default="docs/bench")
     args = parser.parse_args(argv)
     small, large = (int(value) for value in args.measure_sentences.split(","))
@@ -179,6 +182,8 @@ def main(argv=None) -> int:
     rows = []
     for count, mode in configs:
         name = "one device" if mode is None else f"{mode}, {count} devices"
+        if mode in ("hybrid", "model") and args.micro_batches > 1:
+            name += f", {args.micro_batches} micro-batches"
         print(f"[memory] {name}", flush=True)
         measured = measure(args, count, mode, [small, large])
         at_small, at_large = measured[small], measured[large]

@@ -24,11 +24,12 @@ Two tables, from the schedule simulator replaying the engine's own cells
    the P100 and A100 cost sets of ``benchmarks/predict_speedups.py``, with
    the host time per cell of ``--host-cost``.
 
-What it leaves out (so what DDP's figure here is too good or too bad by):
-DDP's stragglers (each of its K batches differs, every step waits for the
-slowest), an LSTM cell's time as a function of its batch on a real GPU
-(small micro-batches use a GPU less well), and the host queueing kernels
-ahead of the device (the host time is added to each cell).
+An LSTM cell of fewer sentences than 128 runs at the lower throughput a
+GPU reaches there (``fairseq_hybrid/planning/lstm_batch_efficiency.json``,
+from DeepBench): micro-batches are not free.  What it leaves out: DDP's
+stragglers (each of its K batches differs, every step waits for the
+slowest), and the host queueing kernels ahead of the device (the host time
+is added to each cell).
 
     .venv/bin/python benchmarks/fair_race.py --host-cost docs/bench/host_cost.json --out docs/bench
 
@@ -196,8 +197,8 @@ def markdown(report: Dict) -> str:
                      f"{p['micro_batches']}, {p['chunk_length']}; {a['micro_batches']}, {a['chunk_length']} |")
     lines += ["", "Placements: " + "; ".join(f"{name} {row['placement'] or 'default'}"
                                              for name, row in report["race"]["p100"].items()),
-              "", "Not in these figures: DDP's stragglers, a GPU's LSTM time as a function of batch size, the "
-              "host queueing ahead of the device."]
+              "", "LSTM cells of fewer than 128 sentences run at a GPU's lower throughput there (DeepBench). Not "
+              "in these figures: DDP's stragglers, the host queueing ahead of the device."]
     return "\n".join(lines) + "\n"
 
 

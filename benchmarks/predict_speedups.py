@@ -30,6 +30,10 @@ cost per cell call; on a GPU the host queues ops asynchronously, so the
 host time is a floor under each cell there, and adding it to the cell's
 device time, as the simulator does, is the pessimistic end.
 
+Both price an LSTM cell of fewer than 128 sentences at the lower
+throughput a GPU reaches there (Baidu DeepBench's V100 LSTM,
+``fairseq_hybrid/planning/lstm_batch_efficiency.json``).
+
 The dependency bound beside each figure is the same replay where every
 floating-point operation costs the same and nothing else costs anything.
 The bound is also given without two dependencies of today's model: the

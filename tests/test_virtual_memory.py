@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import REPO
@@ -35,16 +36,20 @@ def test_live_bytes_and_peaks_per_device():
         assert memory.live(0) == memory.live(1) == 0 and host.numel() == 1000
 
 
-def test_a_hybrid_group_spreads_a_steps_memory(tmp_path):
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_hybrid_group_spreads_a_steps_memory(tmp_path, micro_batches):
     """Through the benchmark script on the tiny model: every device of a
-    group of 2 peaks below the one device, and the report says so."""
+    group of 2 peaks below the one device, with micro-batches too, and the
+    report says so."""
     out = tmp_path / "memory"
     subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_memory.py"), "--arch", "hybrid_lstm_tiny",
                     "--vocabulary", "400", "--sentences", "32", "--source-length", "9", "--target-length", "8",
                     "--measure-sentences", "4,8", "--groups", "1,2", "--modes", "hybrid,model",
-                    "--out", str(out)], check=True, capture_output=True, text=True, cwd=REPO)
+                    "--micro-batches", str(micro_batches), "--out", str(out)],
+                   check=True, capture_output=True, text=True, cwd=REPO)
     report = json.loads((out / "memory.json").read_text())
-    rows = {row["name"]: row for row in report["rows"]}
+    rows = {row["name"].replace(", 2 micro-batches", ""): row for row in report["rows"]}
+    assert (", 2 micro-batches" in report["rows"][1]["name"]) == (micro_batches == 2)
     one = max(rows["one device"]["peak_at"])
     for name in ("hybrid, 2 devices", "model, 2 devices"):
         assert len(rows[name]["peak_at"]) == 2
@@ -53,4 +58,4 @@ def test_a_hybrid_group_spreads_a_steps_memory(tmp_path):
     held = rows["hybrid, 2 devices"]["held"]
     assert sum(h["parameters"] for h in held) == rows["one device"]["held"][0]["parameters"]
     assert held[1]["replica_parameters"] > 0  # the attention-softmax replica on the second device
-    assert "| hybrid, 2 devices |" in (out / "memory.md").read_text()
+    assert "| hybrid, 2 devices" in (out / "memory.md").read_text()
