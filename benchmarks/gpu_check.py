@@ -18,16 +18,19 @@ Markdown table (``--out``, default ``work/gpu_check``) say what passed.
               K = 2 and 4 (virtual) devices in each mode
   calibrate   the inputs of the predicted speed-up table, measured: the
               host time per cell on this GPU machine (bench_host_cost.py
-              --device cuda), one device's tokens/s in the paper's setting
+              --device cuda), an LSTM layer's time per step at batches 16
+              to 512 (hidden 1024: what lstm_batch_efficiency.json takes
+              from DeepBench), one device's tokens/s in the paper's setting
               (hybrid_lstm_paper, 32k vocabulary, 128 sentences of 50 + 50),
-              a chunk-length sweep of a group of 4, and predict_speedups.py
-              run on these instead of a CPU's host time and GNMT v2's rate
+              a group of 4 at several chunk lengths and micro-batch counts,
+              and predict_speedups.py run on these instead of a CPU's host
+              time and GNMT v2's rate
   streams     PyTorch's CUDA Sanitizer on the caller and on every worker
               thread, sharing one record (fairseq_hybrid.harness.cuda_sanitizer_workers),
               over one exactness step per mode on groups of 2 and 4, the
               batch on the first device: the stream races it reports
 
-  python benchmarks/gpu_check.py                       # everything; each phase under its limit (LIMITS)
+  python benchmarks/gpu_check.py                       # everything, in at most 8 minutes (BUDGET, LIMITS)
   python benchmarks/gpu_check.py --phases speed --steps 3
   python benchmarks/gpu_check.py --device cpu --phases precision,speed --steps 2   # a smoke run without a GPU
 """
@@ -46,8 +49,12 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 BIN = os.path.dirname(sys.executable)
 FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
 PHASES = ("exactness", "precision", "speed", "calibrate", "streams")
-LIMITS = {"exactness": 180, "precision": 240, "speed": 150, "calibrate": 240, "streams": 120}  # seconds per phase
-CHUNK_SWEEP = ("0", "25", "10", "5", "2", "auto")
+# seconds per phase; with the start of each child they fit BUDGET, the 8 minutes a lent GPU machine gives
+LIMITS = {"exactness": 75, "precision": 140, "speed": 60, "calibrate": 120, "streams": 60}
+BUDGET = 480
+CHUNK_SWEEP = ("0", "10", "2", "auto")
+MICRO_BATCH_SWEEP = (2, 4)  # a group of 4 at chunk length 0 with this many micro-batches
+LSTM_BATCHES = (16, 32, 64, 128, 256, 512)
 
 
 def devices_for(device, count, k):
@@ -192,6 +199,8 @@ def phase_calibrate(args, result):
                           stdout=subprocess.DEVNULL)
     host = json.load(open(host_cost))
     result["host_us_per_cell"] = {f"K={row['k']}": row["cell_us"] for row in host["rows"] if row["chunk_length"] == 0}
+    result["lstm_seconds_per_step"] = (lstm_seconds_per_step("cuda", 1024, LSTM_BATCHES) if cuda else
+                                       lstm_seconds_per_step("cpu", 16, (2, 4), steps=5))
 
     # the paper's setting on a GPU; a tiny one for the CPU smoke run
     arch, shape = (("hybrid_lstm_paper", dict(batch=128, length=50, vocab=32000)) if cuda else
@@ -205,6 +214,10 @@ def phase_calibrate(args, result):
         rate = throughput(arch, devices, "hybrid", options={"hybrid_chunk_length": length}, **common)
         sweep[length] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
         print(length, sweep[length], flush=True)
+    for micro_batches in MICRO_BATCH_SWEEP:
+        rate = throughput(arch, devices, "hybrid", options={"hybrid_micro_batches": micro_batches}, **common)
+        sweep[f"0, M={micro_batches}"] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
+        print(micro_batches, sweep[f"0, M={micro_batches}"], flush=True)
     result["chunk_sweep"] = {"devices": ",".join(devices), "rows": sweep}
 
     predicted = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "predict_speedups.py"), "--host-cost",
@@ -214,6 +227,34 @@ def phase_calibrate(args, result):
                            else f"predict_speedups.py failed: {predicted.stderr[-1500:]}")
     result["ok"] = predicted.returncode == 0 or not cuda  # a tiny CPU rate may fit no FLOP rate: not a failure
     result["shape"] = f"{arch}, {shape['batch']} sentences of {shape['length']} + {shape['length']} tokens"
+
+
+def lstm_seconds_per_step(device, hidden, batches, steps=25, repeats=5):
+    """One LSTM layer's seconds per time step, forward and backward, at
+    each batch (as DeepBench times it: hidden = input size, ``steps`` steps)."""
+    import torch
+
+    lstm = torch.nn.LSTM(hidden, hidden, batch_first=True).to(device)
+    rows = {}
+    for batch in batches:
+        x = torch.randn(batch, steps, hidden, device=device, requires_grad=True)
+        timings = {"forward": [], "backward": []}
+        for repeat in range(repeats + 1):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out, _ = lstm(x)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            middle = time.perf_counter()
+            out.sum().backward()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if repeat:  # the first is warm-up
+                timings["forward"].append((middle - start) / steps)
+                timings["backward"].append((time.perf_counter() - middle) / steps)
+        rows[str(batch)] = {phase: min(values) for phase, values in timings.items()}
+    return {"hidden": hidden, "steps": steps, "rows": rows}
 
 
 def phase_streams(args, result):
@@ -232,11 +273,12 @@ def phase_streams(args, result):
     with sanitizer.enabled():
         for k in (int(x) for x in args.groups.split(",")):
             devices = devices_for("cuda", count, k)
-            for mode in ("hybrid", "model", "data"):
+            for mode, micro_batches in (("hybrid", 1), ("hybrid", 3), ("model", 1), ("data", 1)):
                 before = len(sanitizer.errors)
-                entry = {"devices": ",".join(devices), "mode": mode}
+                entry = {"devices": ",".join(devices), "mode": mode, "micro_batches": micro_batches}
                 try:
-                    check_equal(devices, mode, dictionaries, batch_on_first_device=True, hybrid_chunk_length=3)
+                    check_equal(devices, mode, dictionaries, batch_on_first_device=True, hybrid_chunk_length=3,
+                                group_options={"hybrid_micro_batches": micro_batches})
                     entry["ok"] = True
                 except Exception as error:  # a race (CUDASanitizerErrors) or a wrong result
                     entry.update(ok=False, error=str(error)[-1500:])
@@ -250,19 +292,20 @@ def phase_streams(args, result):
 # -- driver ------------------------------------------------------------------------
 
 
-def run_phase(name, args):
-    """``name`` in a child process under a hard limit; its result dict."""
+def run_phase(name, args, limit):
+    """``name`` in a child process under a hard limit of ``limit`` seconds;
+    its result dict."""
     out = os.path.join(args.work, f"{name}.json")
     log_path = os.path.join(args.work, f"{name}.log")
     if os.path.exists(out):
         os.remove(out)
     command = [sys.executable, os.path.abspath(__file__), "--phase-child", name, "--device", args.device,
                "--work", args.work, "--steps", str(args.steps), "--batch", str(args.batch), "--groups", args.groups,
-               "--updates", str(args.updates), "--limit", str(args.limits[name])]
+               "--updates", str(args.updates), "--limit", str(limit)]
     start = time.time()
     with open(log_path, "w") as log:
         try:
-            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=args.limits[name] + 30)
+            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=limit + 10)
         except subprocess.TimeoutExpired:
             code = "killed"
     result = json.load(open(out)) if os.path.exists(out) else {"ok": False}
@@ -273,7 +316,8 @@ def run_phase(name, args):
 
 
 def markdown(report):
-    lines = [f"# GPU check ({report['device']}, {report['gpus']} GPU(s), torch {report['torch']})", "",
+    lines = [f"# GPU check ({report['device']}, {report['gpus']} GPU(s), torch {report['torch']}; "
+             f"{report.get('seconds', '?')} s of a {report.get('budget', BUDGET):.0f} s budget)", "",
              "| phase | ok | seconds | what |", "| --- | --- | ---: | --- |"]
     for name, result in report["phases"].items():
         what = ""
@@ -322,7 +366,10 @@ def main():
     parser.add_argument("--groups", default="2,4", help="group sizes K for the speed phase")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--updates", type=int, default=8, help="fairseq-train updates per precision run")
+    parser.add_argument("--updates", type=int, default=4, help="fairseq-train updates per precision run")
+    parser.add_argument("--budget", type=float, default=BUDGET,
+                        help="seconds of wall time for the whole check (default 480): a phase runs under the "
+                        "smaller of its limit and what is left, and is skipped with under 30 s left")
     parser.add_argument("--phase-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--limit", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -344,16 +391,23 @@ def main():
         parser.error(f"unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
     args.work = args.work or tempfile.mkdtemp(prefix="gpu_check_")
     os.makedirs(args.work, exist_ok=True)
-    args.limits = dict(LIMITS)
+    started = time.time()
     report = {"device": args.device, "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-              "torch": torch.__version__, "phases": {}}
+              "torch": torch.__version__, "budget": args.budget, "phases": {}}
     if torch.cuda.is_available():
         report["gpu_name"] = torch.cuda.get_device_name(0)
     for name in phases:
-        print(f"[gpu_check] {name} (limit {args.limits[name]} s) ...", flush=True)
-        report["phases"][name] = run_phase(name, args)
+        left = args.budget - (time.time() - started) - 10  # the child's hard exit takes up to 10 s more
+        if left < 30:
+            report["phases"][name] = {"ok": False, "skipped": f"out of time ({args.budget:.0f} s budget)"}
+            print(f"[gpu_check] {name}: skipped, out of time", flush=True)
+            continue
+        limit = min(LIMITS[name], left)
+        print(f"[gpu_check] {name} (limit {limit:.0f} s) ...", flush=True)
+        report["phases"][name] = run_phase(name, args, limit)
         print(f"[gpu_check] {name}: {'ok' if report['phases'][name].get('ok') else 'FAILED'} "
               f"in {report['phases'][name]['seconds']} s", flush=True)
+    report["seconds"] = round(time.time() - started, 1)
     os.makedirs(args.out, exist_ok=True)
     json.dump(report, open(os.path.join(args.out, "gpu_check.json"), "w"), indent=2)
     table = markdown(report)

@@ -28,10 +28,10 @@ CUDA_COUNT = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @pytest.mark.skipif(CUDA_COUNT < 1, reason="needs a CUDA device")
-@pytest.mark.parametrize("mode", MODES)
-def test_cuda_group_equals_one_device(mode, dictionaries):
+@pytest.mark.parametrize("mode,micro_batches", [("hybrid", 1), ("model", 1), ("data", 1), ("hybrid", 3)])
+def test_cuda_group_equals_one_device(mode, micro_batches, dictionaries):
     devices = [f"cuda:{i % CUDA_COUNT}" for i in range(min(4, max(2, CUDA_COUNT)))]
-    check_equal(devices, mode, dictionaries)
+    check_equal(devices, mode, dictionaries, group_options={"hybrid_micro_batches": micro_batches})
 
 
 def test_batch_smaller_than_the_group(dictionaries):
