@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .parallel.cell_graph import DeviceUsage
 from .parallel.device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options,
-                                   chunk_length_option, plan_table)
+                                   chunk_length_option, micro_batches_option, plan_table)
 from .parallel.replicas import ModelReplicas
 from .parallel.step_cells import build_data_parallel_step, build_hybrid_step, run_step
 from .parallel.worker import DEFAULT_TIMEOUT
@@ -72,13 +72,15 @@ class HybridGroupConfig(FairseqDataclass):
             "per cell measured on CPU)"
         },
     )
-    hybrid_micro_batches: int = field(
-        default=1,
+    hybrid_micro_batches: str = field(
+        default="1",
         metadata={
             "help": "micro-batches per batch (hybrid and model mode): the batch's sentences cut into this many "
             "slices of near-equal tokens that follow one another through the devices, so that a device's "
             "layer works on one while the next device works on the one before and the attention-softmax "
-            "part on an earlier one; the loss and gradients are the batch's whatever the count"
+            "part on an earlier one; the loss and gradients are the batch's whatever the count; auto: for "
+            "each batch shape, the count (1, 2, 4 or 8) whose simulated step is shortest, chosen with the "
+            "chunk length where that is auto too"
         },
     )
     hybrid_dropout_masks: ChoiceEnum(["per-cell", "single-device"]) = field(
@@ -107,14 +109,16 @@ class HybridGroupConfig(FairseqDataclass):
 
 class HybridGroup:
     def __init__(self, model, plan: DevicePlan, chunk_length: Union[int, str] = 0, dropout_masks: str = "per-cell",
-                 timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None, micro_batches: int = 1):
+                 timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None,
+                 micro_batches: Union[int, str] = 1):
         self.model = model
         self.plan = plan
-        self.micro_batches = micro_batches
+        self.micro_batches = micro_batches_option(micro_batches)
         self.chunk_length = chunk_length_option(chunk_length)
-        # --hybrid-chunk-length auto: a length per batch shape (hybrid and model mode; data mode has no chunks)
-        self.chunk_chooser = (ChunkLengthChooser(model, plan, cost_model, micro_batches)
-                              if self.chunk_length == AUTO and plan.mode != "data" else None)
+        # --hybrid-chunk-length auto, --hybrid-micro-batches auto: chosen per batch shape (hybrid and model
+        # mode; data mode has neither chunks nor micro-batches)
+        self.chunk_chooser = (ChunkLengthChooser(model, plan, cost_model, self.micro_batches, self.chunk_length)
+                              if AUTO in (self.chunk_length, self.micro_batches) and plan.mode != "data" else None)
         self.dropout_masks = dropout_masks
         self.timeout = timeout
         self.replicas = ModelReplicas(model)
@@ -196,12 +200,13 @@ class HybridGroup:
             built = build_data_parallel_step(self.model, self.plan, net_input, target, shard_loss, self.replicas,
                                              masks)
         else:
-            chunk_length = self.chunk_length
+            chunk_length, micro_batches = self.chunk_length, self.micro_batches
             if self.chunk_chooser is not None:
-                chunk_length = self.chunk_chooser(net_input, target)
+                chunk_length, micro_batches = self.chunk_chooser(net_input, target)
                 metrics.log_scalar("chunk_len", chunk_length, weight=1, round=1)
+                metrics.log_scalar("micro_batches", micro_batches, weight=1, round=1)
             built = build_hybrid_step(self.model, self.plan, net_input, target, shard_loss, chunk_length,
-                                      self.replicas, masks, self.micro_batches)
+                                      self.replicas, masks, micro_batches)
         return run_step(built, self.timeout, log_device_usage)
 
 

@@ -29,7 +29,7 @@ def test_a_bad_chunk_length_fails_when_the_model_is_built_naming_the_option():
 
 
 def test_the_cost_model_serves_an_automatic_chunk_length_too(tmp_path):
-    with pytest.raises(ValueError, match="--hybrid-cost-model is used by --hybrid-placement auto and"):
+    with pytest.raises(ValueError, match="--hybrid-cost-model is used by --hybrid-placement auto, "):
         build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_cost_model=str(tmp_path / "c.json"))
     cost = tmp_path / "cost.json"
     cost.write_text('{"cost_model": {"fixed": {"lstm/forward": 1.0}}}')
@@ -43,31 +43,45 @@ def test_candidates_go_up_to_one_chunk_a_layer():
     assert candidate_lengths(1, 1) == [0, 1]
 
 
-def chooser(fixed_seconds: float, devices: int = 4):
+def chooser(fixed_seconds: float, devices: int = 4, micro_batches=1, chunk_length="auto"):
     model, cfg = twin_model("hybrid_lstm_paper", 32000)
     plan = build_plan(",".join(["cpu"] * devices), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     fixed = {key: fixed_seconds for key in ("lstm/forward", "lstm/backward", "attention_softmax/forward",
                                             "attention_softmax/backward")}
-    return ChunkLengthChooser(model, plan, CostModel(fixed=fixed, default_rate=1e12))
+    return ChunkLengthChooser(model, plan, CostModel(fixed=fixed, default_rate=1e12), micro_batches, chunk_length)
 
 
 def test_free_cells_choose_more_chunks_than_costly_ones():
     net_input, target = batch(64, [40] * 64, 40)
     free = chooser(0.0)
     times = free.predicted_seconds(net_input, target)
-    fine = free(net_input, target)
-    assert 0 < fine <= 5 and times[fine] < times[0]  # shorter chunks than K = 4 chunks of 10 steps
+    fine, one = free(net_input, target)
+    assert one == 1 and 0 < fine <= 5 and times[fine, 1] < times[0, 1]  # shorter chunks than K = 4 chunks of 10
     # when a cell call costs far more than its arithmetic, the fewest cells
     # win: one chunk a layer
-    assert chooser(1.0)(net_input, target) == 40
+    assert chooser(1.0)(net_input, target) == (40, 1)
+
+
+def test_micro_batches_are_chosen_with_the_chunk_length():
+    """--hybrid-micro-batches auto: free cells take micro-batches (they fill
+    the pipeline), costly ones take none; with a fixed chunk length only the
+    count is chosen."""
+    net_input, target = batch(64, [40] * 64, 40)
+    free = chooser(0.0, micro_batches="auto")
+    assert set(count for _, count in free.predicted_seconds(net_input, target)) == {1, 2, 4, 8}
+    assert free(net_input, target)[1] > 1
+    assert chooser(1.0, micro_batches="auto")(net_input, target) == (40, 1)
+    fixed = chooser(0.0, micro_batches="auto", chunk_length=0)
+    assert {length for length, _ in fixed.predicted_seconds(net_input, target)} == {0}
+    assert chooser(0.0, micro_batches="auto")(*batch(3, [40] * 3, 40))[1] <= 3  # never more than the sentences
 
 
 def test_a_shape_is_chosen_once_and_sentence_counts_share_a_bucket():
     choose = chooser(0.0)
     calls = []
-    choose.choose = lambda net_input, target: calls.append(net_input["src_tokens"].shape) or 2
+    choose.choose = lambda net_input, target: calls.append(net_input["src_tokens"].shape) or (2, 1)
     for sentences in (57, 64, 60):
-        assert choose(*batch(sentences, [12] * sentences, 9)) == 2
+        assert choose(*batch(sentences, [12] * sentences, 9)) == (2, 1)
     choose(*batch(65, [12] * 65, 9))
     choose(*batch(64, [12] * 64, 10))
     assert len(calls) == 3 and set(choose.choices) == {(64, 12, 9), (72, 12, 9), (64, 12, 10)}
@@ -78,9 +92,11 @@ def test_the_default_cost_model_counts_host_time_per_cell():
     assert cost.fixed["lstm/forward"] > 0 and cost.fixed["attention_softmax/backward"] > 0
 
 
+@pytest.mark.parametrize("micro_batches", ["1", "auto"])
 @pytest.mark.parametrize("mode", ["hybrid", "model"])
-def test_a_group_choosing_its_chunk_length_computes_the_single_device_step(mode, dictionaries):
-    check_equal(["cpu"] * 2, mode, dictionaries, group_options={"hybrid_chunk_length": "auto"})
+def test_a_group_choosing_its_chunk_length_computes_the_single_device_step(mode, micro_batches, dictionaries):
+    check_equal(["cpu"] * 2, mode, dictionaries, group_options={"hybrid_chunk_length": "auto",
+                                                               "hybrid_micro_batches": micro_batches})
 
 
 def test_the_group_chooses_for_the_batch_it_runs(dictionaries):
@@ -91,7 +107,8 @@ def test_the_group_chooses_for_the_batch_it_runs(dictionaries):
     chooser = group.hybrid_group.chunk_chooser
     assert list(chooser.choices) == [chooser.shape(sample["net_input"])]
     widths = sample["net_input"]["src_tokens"].size(1), sample["net_input"]["prev_output_tokens"].size(1)
-    assert chooser.choices[chooser.shape(sample["net_input"])] in candidate_lengths(*widths)
+    length, micro_batches = chooser.choices[chooser.shape(sample["net_input"])]
+    assert length in candidate_lengths(*widths) and micro_batches == 1
 
 
 def test_data_mode_has_no_chunks_to_choose(dictionaries):

@@ -70,9 +70,9 @@ def test_placement_without_devices_is_refused():
         build_model("hybrid_lstm_tiny", hybrid_micro_batches=2)
 
 
-@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "often", "0"])
 def test_a_bad_micro_batch_count_is_refused(value):
-    with pytest.raises(DevicePlanError, match="--hybrid-micro-batches must be a whole number >= 1"):
+    with pytest.raises(DevicePlanError, match="--hybrid-micro-batches must be a whole number >= 1 or auto"):
         build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_micro_batches=value)
 
 

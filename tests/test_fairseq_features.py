@@ -126,12 +126,12 @@ def test_reset_optimizer_alone(binarized, tmp_path, group):
 def test_log_formats_tensorboard_and_the_groups_device_metrics(binarized, tmp_path, group):
     """--log-format json (every line parses; a group adds devK_busy and
     group_fill, fractions of the step, to every train_inner line, and, with
-    --hybrid-chunk-length auto, chunk_len, the length it chose; the group
-    runs 2 micro-batches a batch), --log-format tqdm, and
+    --hybrid-chunk-length auto and --hybrid-micro-batches auto, chunk_len
+    and micro_batches, what it chose), --log-format tqdm, and
     --tensorboard-logdir writing event files out of the box."""
     import json
 
-    auto = ["--hybrid-chunk-length", "auto", "--hybrid-micro-batches", "2"] if group else []
+    auto = ["--hybrid-chunk-length", "auto", "--hybrid-micro-batches", "auto"] if group else []
     log = train(binarized, tmp_path / "json", "4", "--lr", "0.005", "--log-format", "json", "--log-interval", "1",
                 "--tensorboard-logdir", tmp_path / "tb", *group, *auto)
     inner = [json.loads(line.split("| INFO | train_inner | ", 1)[1]) for line in log.splitlines()
@@ -142,9 +142,9 @@ def test_log_formats_tensorboard_and_the_groups_device_metrics(binarized, tmp_pa
         for row in inner:
             assert metrics <= row.keys(), row
             assert all(0.0 < float(row[name]) <= 1.0 for name in metrics), row
-            assert float(row["chunk_len"]) >= 0, row
+            assert float(row["chunk_len"]) >= 0 and float(row["micro_batches"]) >= 1, row
     else:
-        assert not (metrics | {"chunk_len"}) & inner[0].keys()
+        assert not (metrics | {"chunk_len", "micro_batches"}) & inner[0].keys()
     events = [name for _, _, names in os.walk(tmp_path / "tb") for name in names if "tfevents" in name]
     assert events, "no tensorboard event files"
     tqdm = train(binarized, tmp_path / "tqdm", "2", "--lr", "0.005", "--log-format", "tqdm", *group)

@@ -9,7 +9,8 @@ of.  Neither reaches into the modules behind it.
 
 from .cell_graph import Cell, CellTime, DeviceUsage, Work, record_cell_times
 from .device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options, chunk_length_option,
-                          default_placement, parse_devices, parse_placement, placement_text, plan_table)
+                          default_placement, micro_batches_option, parse_devices, parse_placement,
+                          placement_text, plan_table)
 from .replicas import ModelReplicas
 from .step_cells import build_data_parallel_step, build_hybrid_step, run_step, time_chunks
 from .wavefront import CellSpec, clocks
@@ -18,6 +19,6 @@ from .worker import DEFAULT_TIMEOUT
 __all__ = [
     "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DeviceUsage", "DevicePlan", "DevicePlanError",
     "MODES", "ModelReplicas", "Work", "build_data_parallel_step", "build_hybrid_step", "build_plan",
-    "check_options", "chunk_length_option", "clocks", "default_placement", "parse_devices", "parse_placement", "placement_text",
+    "check_options", "chunk_length_option", "clocks", "default_placement", "micro_batches_option", "parse_devices", "parse_placement", "placement_text",
     "plan_table", "record_cell_times", "run_step", "time_chunks",
 ]

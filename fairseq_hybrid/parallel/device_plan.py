@@ -218,6 +218,23 @@ def chunk_length_option(value) -> Union[int, str]:
     return value
 
 
+def micro_batches_option(value) -> Union[int, str]:
+    """``--hybrid-micro-batches`` as a count >= 1 or ``"auto"`` (text on
+    the command line, an int in the Python API; both are taken)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text == AUTO:
+            return AUTO
+        try:
+            value = int(text)
+        except ValueError:
+            raise DevicePlanError(f"--hybrid-micro-batches must be a whole number >= 1 or auto, got {text!r}") \
+                from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DevicePlanError(f"--hybrid-micro-batches must be a whole number >= 1 or auto, got {value!r}")
+    return value
+
+
 def check_options(cfg) -> None:
     """The checks of the ``--hybrid-*`` options that need neither the model
     nor the machine; :func:`build_plan` checks the rest."""
@@ -225,21 +242,20 @@ def check_options(cfg) -> None:
     placement = getattr(cfg, "hybrid_placement", "")
     cost_model = getattr(cfg, "hybrid_cost_model", "")
     if not devices:
-        if placement or cost_model or getattr(cfg, "hybrid_micro_batches", 1) != 1:
+        if placement or cost_model or micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1)) != 1:
             raise DevicePlanError("--hybrid-placement, --hybrid-cost-model and --hybrid-micro-batches need "
                                   "--hybrid-devices")
         return
     chunk_length = chunk_length_option(getattr(cfg, "hybrid_chunk_length", 0))
-    if cost_model and placement != AUTO and chunk_length != AUTO:
-        raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto and --hybrid-chunk-length "
-                              "auto only")
+    if (cost_model and placement != AUTO and chunk_length != AUTO
+            and micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1)) != AUTO):
+        raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto, --hybrid-chunk-length "
+                              "auto and --hybrid-micro-batches auto only")
     timeout = getattr(cfg, "hybrid_timeout", 1.0)
     if not timeout > 0:
         raise DevicePlanError(f"--hybrid-timeout must be > 0 seconds, got {timeout}")
-    micro_batches = getattr(cfg, "hybrid_micro_batches", 1)
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise DevicePlanError(f"--hybrid-micro-batches must be a whole number >= 1, got {micro_batches!r}")
-    if micro_batches > 1 and getattr(cfg, "hybrid_mode", "hybrid") == "data":
+    micro_batches = micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1))
+    if micro_batches != 1 and getattr(cfg, "hybrid_mode", "hybrid") == "data":
         raise DevicePlanError("--hybrid-micro-batches is for --hybrid-mode hybrid and model (data mode has no "
                               "pipeline to fill)")
 

@@ -1,5 +1,6 @@
-"""``--hybrid-chunk-length auto``: for each batch shape, the chunk length
-whose simulated step is shortest.
+"""``--hybrid-chunk-length auto`` and ``--hybrid-micro-batches auto``: for
+each batch shape, the chunk length and the count of micro-batches whose
+simulated step is shortest.
 
 More time chunks per sequence shorten the wavefront's fill and drain (with
 C chunks on K stages the recurrent part cannot beat ``KC / (C + K - 1)``),
@@ -12,7 +13,10 @@ for each new shape, under the cost model of ``--hybrid-cost-model`` (cell
 times measured on the user's devices by ``benchmarks/simulate_schedule.py
 --json``) or :func:`default_cost_model`, and keeps the answer.  Every chunk
 length computes the same loss and gradients (a layer's chunks chained
-give the whole layer), so the choice changes speed only.
+give the whole layer), so the choice changes speed only.  Micro-batches
+are weighed the same way (:data:`MICRO_BATCH_COUNTS`): more of them fill
+the pipeline better but make more, smaller cells, each paying its host
+time and, on a GPU, a lower throughput; every count computes the same step.
 """
 
 from __future__ import annotations
@@ -20,16 +24,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from torch import Tensor
 
-from ..parallel import DevicePlan, time_chunks
+from ..parallel import AUTO, DevicePlan, time_chunks
 from .schedule_simulator import CostModel, step_time
 
 logger = logging.getLogger(__name__)
 
 CANDIDATE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+MICRO_BATCH_COUNTS = (1, 2, 4, 8)
 SENTENCE_BUCKET = 8  # shapes whose sentence counts round up to the same multiple share a choice
 
 HOST_SECONDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_seconds_per_cell.json")
@@ -59,14 +64,18 @@ def candidate_lengths(source_width: int, target_width: int) -> List[int]:
 
 
 class ChunkLengthChooser:
-    """The chunk length of each batch shape, chosen once per shape."""
+    """The chunk length and count of micro-batches of each batch shape,
+    chosen once per shape among the candidates of what is ``auto`` (the
+    other is fixed)."""
 
-    def __init__(self, model, plan: DevicePlan, cost: Optional[CostModel] = None, micro_batches: int = 1):
+    def __init__(self, model, plan: DevicePlan, cost: Optional[CostModel] = None,
+                 micro_batches: Union[int, str] = 1, chunk_length: Union[int, str] = AUTO):
         self.model = model
         self.plan = plan
         self.micro_batches = micro_batches
+        self.chunk_length = chunk_length
         self.cost = cost or default_cost_model()
-        self.choices: Dict[Tuple[int, int, int], int] = {}
+        self.choices: Dict[Tuple[int, int, int], Tuple[int, int]] = {}
 
     @staticmethod
     def shape(net_input: Dict[str, Tensor]) -> Tuple[int, int, int]:
@@ -74,32 +83,42 @@ class ChunkLengthChooser:
         sentences = -(-sentences // SENTENCE_BUCKET) * SENTENCE_BUCKET
         return sentences, source_width, net_input["prev_output_tokens"].size(1)
 
-    def __call__(self, net_input: Dict[str, Tensor], target: Tensor) -> int:
+    def __call__(self, net_input: Dict[str, Tensor], target: Tensor) -> Tuple[int, int]:
+        """``(chunk length, micro-batches)`` for this batch's shape."""
         key = self.shape(net_input)
         if key not in self.choices:
             self.choices[key] = self.choose(net_input, target)
         return self.choices[key]
 
-    def predicted_seconds(self, net_input: Dict[str, Tensor], target: Tensor) -> Dict[int, float]:
-        """The simulated step of every candidate length for this batch."""
-        source_width = net_input["src_tokens"].size(1)
-        target_width = net_input["prev_output_tokens"].size(1)
-        return {length: step_time(self.model, self.plan, net_input, target, self.cost, length,
-                                  micro_batches=self.micro_batches).total
-                for length in candidate_lengths(source_width, target_width)}
+    def candidates(self, net_input: Dict[str, Tensor]) -> List[Tuple[int, int]]:
+        sentences, source_width = net_input["src_tokens"].shape
+        lengths = (candidate_lengths(source_width, net_input["prev_output_tokens"].size(1))
+                   if self.chunk_length == AUTO else [self.chunk_length])
+        counts = ([count for count in MICRO_BATCH_COUNTS if count <= sentences]
+                  if self.micro_batches == AUTO else [self.micro_batches])
+        return [(length, count) for count in counts for length in lengths]
 
-    def choose(self, net_input: Dict[str, Tensor], target: Tensor) -> int:
+    def predicted_seconds(self, net_input: Dict[str, Tensor], target: Tensor) -> Dict[Tuple[int, int], float]:
+        """The simulated step of every candidate ``(length, micro-batches)``."""
+        return {(length, count): step_time(self.model, self.plan, net_input, target, self.cost, length,
+                                           micro_batches=count).total
+                for length, count in self.candidates(net_input)}
+
+    def choose(self, net_input: Dict[str, Tensor], target: Tensor) -> Tuple[int, int]:
         """The fastest candidate; between near-equal ones (within 0.1%),
-        the one with the fewest cells (the least host work), 0 first."""
+        the one with the fewest cells (the least host work), chunk length 0
+        and one micro-batch first."""
         times = self.predicted_seconds(net_input, target)
         widths = (net_input["src_tokens"].size(1), net_input["prev_output_tokens"].size(1))
 
-        def cells(length: int) -> int:
-            return self.micro_batches * sum(len(time_chunks(width, length, self.plan.size)) for width in widths)
+        def cells(choice: Tuple[int, int]) -> int:
+            length, count = choice
+            return count * sum(len(time_chunks(width, length, self.plan.size)) for width in widths)
 
         best_time = min(times.values())
-        near = [length for length, seconds in times.items() if seconds <= best_time * 1.001]
-        chosen = min(near, key=lambda length: (cells(length), length != 0, length))
-        logger.debug("--hybrid-chunk-length auto: %s -> %d (predicted %.2f ms; %s)", self.shape(net_input), chosen,
-                     times[chosen] * 1000, ", ".join(f"{k}: {v * 1000:.2f}" for k, v in times.items()))
+        near = [choice for choice, seconds in times.items() if seconds <= best_time * 1.001]
+        chosen = min(near, key=lambda choice: (cells(choice), choice[0] != 0, choice[0], choice[1]))
+        logger.debug("auto: %s -> chunk length %d, %d micro-batch(es) (predicted %.2f ms; %s)",
+                     self.shape(net_input), *chosen, times[chosen] * 1000,
+                     ", ".join(f"{k}: {v * 1000:.2f}" for k, v in times.items()))
         return chosen

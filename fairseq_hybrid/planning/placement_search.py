@@ -25,8 +25,8 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..parallel import (AUTO, build_hybrid_step, build_plan, chunk_length_option, default_placement, parse_devices,
-                        parse_placement, placement_text)
+from ..parallel import (AUTO, build_hybrid_step, build_plan, chunk_length_option, default_placement,
+                        micro_batches_option, parse_devices, parse_placement, placement_text)
 from .schedule_simulator import CostModel, StepTime, flops, step_time
 from .twin_model import batch
 
@@ -62,7 +62,9 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
     net_input, target = batch(sentences, [source_length] * sentences, target_length)
     names = ",".join(str(d) for d in devices)
     layers = (cfg.encoder_layers, cfg.decoder_layers)
-    micro_batches = getattr(cfg, "hybrid_micro_batches", 1)
+    # with --hybrid-micro-batches auto, compared at one micro-batch (the count is then chosen per batch)
+    micro_batches = micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1))
+    micro_batches = 1 if micro_batches == AUTO else micro_batches
     mode = getattr(cfg, "hybrid_mode", "hybrid")
     times: Dict[str, StepTime] = {}
 
