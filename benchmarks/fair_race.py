@@ -24,14 +24,21 @@ Two tables, from the schedule simulator replaying the engine's own cells
    the P100 and A100 cost sets of ``benchmarks/predict_speedups.py``, with
    the host time per cell of ``--host-cost``.
 
+3. with ``--data`` (a binarized corpus, e.g. the main job's
+   ``work/tatoeba_ja_en/bin``): both on real batches, drawn as fairseq's
+   batch sampler draws them at ``--max-tokens`` per GPU (default 6400, the
+   paper's 128 x 50): DDP's K ranks each get a batch of their own and every
+   step waits for the slowest (its stragglers); the group's step takes the
+   same K batches merged.
+
 An LSTM cell of fewer sentences than 128 runs at the lower throughput a
 GPU reaches there (``fairseq_hybrid/planning/lstm_batch_efficiency.json``,
-from DeepBench): micro-batches are not free.  What it leaves out: DDP's
-stragglers (each of its K batches differs, every step waits for the
-slowest), and the host queueing kernels ahead of the device (the host time
-is added to each cell).
+from DeepBench): micro-batches are not free.  What it leaves out: the host
+queueing kernels ahead of the device (the host time is added to each
+cell).
 
-    .venv/bin/python benchmarks/fair_race.py --host-cost docs/bench/host_cost.json --out docs/bench
+    .venv/bin/python benchmarks/fair_race.py --host-cost docs/bench/host_cost.json \
+        --data work/tatoeba_ja_en/bin --out docs/bench
 
 Writes fair_race.json and fair_race.md into --out.  Minutes: no training.
 """
@@ -42,13 +49,14 @@ import argparse
 import os
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import build_hybrid_step, build_plan
-from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, speedup
+from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, data_parallel_step_of, speedup
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, a100_rate, best_chunk_length, cost_set,
                                                host_fixed, predicted_step)
 from fairseq_hybrid.planning.placement_search import best_placement
@@ -84,14 +92,25 @@ def searched(model, cfg, k: int, cost: CostModel, sample, micro_batches: int, le
     return placement, length, step
 
 
-def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: Sequence[int], lengths) -> Dict:
+def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: Sequence[int], lengths,
+               placement: Optional[str] = None) -> Dict:
     """The group's shortest predicted step over the counts of micro-batches
-    (each at its searched placement) and the chunk lengths."""
+    (each at its searched placement, unless ``placement`` is given) and
+    the chunk lengths (``(0, 0)``: K chunks and one chunk a layer)."""
     best = None
+    if lengths == (0, 0):
+        lengths = (0, max(sample[0]["src_tokens"].size(1), sample[0]["prev_output_tokens"].size(1)))
     for micro_batches in micro_batch_counts:
-        placement, length, step = searched(model, cfg, k, cost, sample, micro_batches, lengths)
+        if placement is None:
+            chosen, length, step = searched(model, cfg, k, cost, sample, micro_batches, lengths)
+        else:
+            chosen = placement
+            length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
+                                             placement=placement, micro_batches=micro_batches)
+        placement_used = chosen
         if best is None or step.total < best["step"].total:
-            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length, "placement": placement}
+            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length,
+                    "placement": placement_used}
     return best
 
 
@@ -154,6 +173,60 @@ def race_table(args) -> Dict:
     return report
 
 
+def real_batches(data: str, max_tokens: int, count: int) -> List[Tuple[List[int], List[int]]]:
+    """``count`` training batches of ``data`` as fairseq's batch sampler
+    draws them for one GPU at ``max_tokens`` (shuffled, seed 1): each its
+    source and target lengths."""
+    task = measuring.task_of(data)
+    pad = task.target_dictionary.pad()
+    drawn = measuring.batches(task, max_tokens, count, max_positions=(1024, 1024))
+    return [(sample["net_input"]["src_lengths"].tolist(), sample["target"].ne(pad).sum(1).tolist())
+            for sample in drawn]
+
+
+def as_batch(parts: Sequence[Tuple[List[int], List[int]]]):
+    """One batch of the sentences of ``parts`` (merged: padded to the
+    longest)."""
+    sources = [length for part in parts for length in part[0]]
+    targets = [length for part in parts for length in part[1]]
+    return batch(len(sources), sources, max(targets), targets)
+
+
+def straggler_table(args, placements: Dict[str, Dict[int, str]]) -> Dict:
+    """DDP and the group on real batches: per step, K batches; DDP waits for
+    its slowest rank, the group runs them merged at its best count of
+    micro-batches and chunk length (the placement found at equal batches)."""
+    drawn = real_batches(args.data, args.max_tokens, args.real_steps * max(args.groups))
+    model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
+    per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
+    gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    report: Dict = {"max_tokens": args.max_tokens, "steps": args.real_steps,
+                    "sentences_per_batch": sum(len(part[0]) for part in drawn) / len(drawn)}
+    for name in ("p100", "a100"):
+        step_us = 20.0 if name == "p100" else 10.0
+        fixed_one = host_fixed(args.host_cost, 1)
+        rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, per_gpu, fixed_one, step_us,
+                                                             args.one_device_tokens_per_s)
+        one_cost = cost_set(name, fixed_one, step_us, rate)
+        rows = {}
+        for k in args.groups:
+            cost = cost_set(name, host_fixed(args.host_cost, k), step_us, rate)
+            one_total = ddp_total = group_total = 0.0
+            for step in range(args.real_steps):
+                parts = drawn[step * k:(step + 1) * k]
+                ones = [predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([part])) for part in parts]
+                one_total += sum(one.total for one in ones)
+                ddp_total += data_parallel_step_of(ones, gradient_bytes, one_cost).total
+                group = best_group(model, cfg, k, cost, as_batch(parts), args.micro_batches, (0, 0),
+                                   placement=placements[name][k])
+                group_total += group["step"].total
+            rows[f"K={k}"] = {"ddp": one_total / ddp_total, "group": one_total / group_total}
+            print(f"{name} K={k} on real batches: DDP {rows[f'K={k}']['ddp']:.2f}x, "
+                  f"group {rows[f'K={k}']['group']:.2f}x", flush=True)
+        report[name] = rows
+    return report
+
+
 def owned_bytes(model, cfg, placement: str) -> List[float]:
     """Gradient bytes of the parameters each device of a group of 4 owns
     (where ``HybridGroup.place`` puts them)."""
@@ -198,7 +271,18 @@ def markdown(report: Dict) -> str:
     lines += ["", "Placements: " + "; ".join(f"{name} {row['placement'] or 'default'}"
                                              for name, row in report["race"]["p100"].items()),
               "", "LSTM cells of fewer than 128 sentences run at a GPU's lower throughput there (DeepBench). Not "
-              "in these figures: DDP's stragglers, the host queueing ahead of the device."]
+              "in these figures: DDP's stragglers (below, on real batches), the host queueing ahead of the "
+              "device."]
+    real = report.get("real_batches")
+    if real:
+        lines += ["", f"On real batches ({real['steps']} steps of K batches of `--max-tokens "
+                  f"{real['max_tokens']}`, {real['sentences_per_batch']:.0f} sentences a batch on average): DDP's "
+                  "ranks each take a batch and wait for the slowest; the group takes the K batches merged; "
+                  "speed-up over one GPU running the same batches one after another:", "",
+                  "| GPUs | P100 set: DDP | group | A100 set: DDP | group |", "| --- | ---: | ---: | ---: | ---: |"]
+        for name in real["p100"]:
+            p, a = real["p100"][name], real["a100"][name]
+            lines.append(f"| {name} | {p['ddp']:.2f}x | {p['group']:.2f}x | {a['ddp']:.2f}x | {a['group']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -217,12 +301,21 @@ def main(argv=None) -> int:
                         help="chunk lengths to try (default: --hybrid-chunk-length auto's candidates)")
     parser.add_argument("--groups", type=integers, default=[2, 4], help="group sizes K (default 2,4)")
     parser.add_argument("--no-eight", dest="eight", action="store_false", help="leave out 2 groups x 4 on 8 GPUs")
+    parser.add_argument("--data", help="a binarized ja-en corpus: also race on its batches, DDP's stragglers included")
+    parser.add_argument("--max-tokens", type=int, default=6400, help="per GPU, for --data (default 6400: 128 x 50)")
+    parser.add_argument("--real-steps", type=int, default=8, help="steps of K real batches each (default 8)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
+    if args.data and not os.path.isdir(args.data):
+        parser.error(f"--data {args.data}: {measuring.NO_DATA}")
     started = time.time()
     sample = batch(4 * PER_GPU[0], [PER_GPU[1]] * 4 * PER_GPU[0], PER_GPU[2])
-    report = {"bounds": bound_table(args, sample), "race": race_table(args),
-              "minutes": (time.time() - started) / 60}
+    report = {"bounds": bound_table(args, sample), "race": race_table(args)}
+    if args.data:
+        placements = {name: {k: rows[f"K={k}"]["placement"] for k in args.groups}
+                      for name, rows in report["race"].items()}
+        report["real_batches"] = straggler_table(args, placements)
+    report["minutes"] = (time.time() - started) / 60
     text = markdown(report)
     print(text)
     if args.out:

@@ -106,3 +106,31 @@ def test_small_lstm_batches_run_at_a_gpus_lower_throughput():
     assert 4 * flat.seconds(quarter, "forward") == pytest.approx(flat.seconds(whole, "forward"))
     ratio = 4 * priced.seconds(quarter, "forward") / priced.seconds(whole, "forward")
     assert ratio == pytest.approx((128 / 130.0) / (32 / 79.1)) and 2.4 < ratio < 2.5
+
+
+def test_ddp_waits_for_its_slowest_rank():
+    """Real DDP: each rank has a batch of its own and the step lasts as long
+    as the slowest rank's (with the all-reduce overlapped as before)."""
+    from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step_of
+
+    fast, slow = StepTime(0.1, 0.2, 0.0), StepTime(0.2, 0.4, 0.0)
+    assert data_parallel_step_of([fast, slow, fast], 1e6, LINK) == data_parallel_step(slow, 1e6, 3, LINK)
+    assert data_parallel_step_of([fast] * 3, 1e6, LINK).total < data_parallel_step_of([fast, slow, fast], 1e6,
+                                                                                       LINK).total
+
+
+def test_the_fair_race_on_real_batches(binarized, tmp_path):
+    """With --data: per step K batches drawn by fairseq's batch sampler;
+    DDP waits for its slowest rank, the group takes them merged; both
+    against one device running the same batches one after another."""
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--micro-batches", "1,2",
+                    "--lengths", "0", "--groups", "2", "--no-eight", "--data", str(binarized / "bin"),
+                    "--max-tokens", "300", "--real-steps", "2", "--out", str(tmp_path)],
+                   check=True, capture_output=True, cwd=REPO)
+    report = json.loads((tmp_path / "fair_race.json").read_text())
+    real = report["real_batches"]
+    assert real["steps"] == 2 and real["sentences_per_batch"] > 1
+    for name in ("p100", "a100"):
+        row = real[name]["K=2"]
+        assert 1.0 < row["ddp"] <= 2.0 + 1e-9 and row["group"] > 0.5
+    assert "On real batches" in (tmp_path / "fair_race.md").read_text()

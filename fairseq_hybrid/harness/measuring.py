@@ -21,6 +21,7 @@ from fairseq import utils
 
 __all__ = [
     "USER_DIR", "COMMON", "SIZE", "NO_DATA", "read_args", "fairseq_lstm_args", "hybrid_lstm_args", "preset_args", "build",
+    "task_of",
     "batches", "on_device", "backward_step", "loss_and_grads", "train_steps", "synchronize", "System", "suite_systems", "write_report",
 ]
 
@@ -109,10 +110,23 @@ def build(data: str, model_args: List[str]):
     return task, model, criterion
 
 
-def batches(task, max_tokens: int, count: int):
-    """The first ``count`` training batches of ``max_tokens`` (seed 1)."""
+def task_of(data: str):
+    """The translation task of a binarized ja-en corpus, train split loaded."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [data] + COMMON + preset_args("hybrid_lstm_tiny"))
+    task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+    task.load_dataset("train")
+    return task
+
+
+def batches(task, max_tokens: int, count: int, max_positions=(64, 64)):
+    """The first ``count`` training batches of ``max_tokens`` (seed 1), as
+    fairseq's batch sampler draws them."""
     iterator = task.get_batch_iterator(
-        task.dataset("train"), max_tokens=max_tokens, max_positions=(64, 64),
+        task.dataset("train"), max_tokens=max_tokens, max_positions=max_positions,
         ignore_invalid_inputs=True, seed=1,
     ).next_epoch_itr(shuffle=True)
     return [next(iterator) for _ in range(count)]

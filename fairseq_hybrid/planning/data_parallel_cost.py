@@ -8,6 +8,9 @@ gradients summed by a ring all-reduce in buckets while backward still runs
 with the backward stretched by whatever of the all-reduce does not overlap;
 its speed-up over one GPU is K times the tokens per step over that time.
 
+Real DDP waits for stragglers: every rank has a batch of its own, and the
+step lasts as long as the slowest rank's (:func:`data_parallel_step_of`).
+
 Two hybrid groups of four under DDP (8 GPUs) are one group's step with the
 same all-reduce between the two groups: each device reduces the gradients
 of the parameters it owns with its twin in the other group, all devices at
@@ -17,6 +20,7 @@ once, so the device that owns the most parameters decides.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from .schedule_simulator import CostModel, StepTime
 
@@ -53,6 +57,16 @@ def data_parallel_step(one_device: StepTime, gradient_bytes: float, ranks: int, 
     ``one_device``'s step on a batch of its own."""
     backward = overlapped_backward(one_device.backward, gradient_bytes, ranks, cost)
     return StepTime(one_device.forward, backward, one_device.extra)
+
+
+def data_parallel_step_of(rank_steps: Sequence[StepTime], gradient_bytes: float, cost: CostModel) -> StepTime:
+    """One step of data-parallel processes each running its own batch
+    (``rank_steps``: one device's step on each): fairseq gives every GPU
+    its own batch of ``--max-tokens``, with other sentence counts and
+    lengths, and the all-reduce waits for the slowest rank, so the step is
+    the slowest rank's with the reduction overlapped with its backward."""
+    slowest = max(rank_steps, key=lambda step: step.total)
+    return data_parallel_step(slowest, gradient_bytes, len(rank_steps), cost)
 
 
 def speedup(one_device: StepTime, step: StepTime, ranks: int) -> float:

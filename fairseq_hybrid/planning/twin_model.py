@@ -11,7 +11,7 @@ stand-ins and the measurement scripts use it too.
 from __future__ import annotations
 
 import argparse
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
@@ -59,11 +59,16 @@ def twin_model(arch: str, vocabulary: int, **options):
     return model, cfg
 
 
-def batch(sentences: int, source_lengths: Sequence[int], target_length: int) -> Tuple[Dict, torch.Tensor]:
-    """A net_input and target of the given shape (token ids do not matter)."""
+def batch(sentences: int, source_lengths: Sequence[int], target_length: int,
+          target_lengths: Optional[Sequence[int]] = None) -> Tuple[Dict, torch.Tensor]:
+    """A net_input and target of the given shape (token ids do not matter;
+    padding is id 1): sources left-padded, targets right-padded to
+    ``target_length`` where ``target_lengths`` are given, else full."""
     width = max(source_lengths)
     src = torch.full((sentences, width), 1, dtype=torch.long)
     for row, length in enumerate(source_lengths):
         src[row, width - length:] = 5  # left-padded, as fairseq batches sources
     tgt = torch.full((sentences, target_length), 5, dtype=torch.long)
+    for row, length in enumerate(target_lengths or ()):
+        tgt[row, length:] = 1
     return {"src_tokens": src, "src_lengths": torch.tensor(list(source_lengths)), "prev_output_tokens": tgt}, tgt
