@@ -104,6 +104,7 @@ def test_small_lstm_batches_run_at_a_gpus_lower_throughput():
     assert 0 < priced.batch_efficiency(16, "backward") < priced.batch_efficiency(48, "backward") < 1
     whole, quarter = Work("lstm", 128 * 25, (1024, 1024, 25)), Work("lstm", 32 * 25, (1024, 1024, 25))
     assert 4 * flat.seconds(quarter, "forward") == pytest.approx(flat.seconds(whole, "forward"))
+    assert priced.seconds(Work("lstm", 0, (1024, 1024, 25)), "forward") == 0.0  # a chunk where no row runs
     ratio = 4 * priced.seconds(quarter, "forward") / priced.seconds(whole, "forward")
     assert ratio == pytest.approx((128 / 130.0) / (32 / 79.1)) and 2.4 < ratio < 2.5
 

@@ -94,7 +94,7 @@ class CostModel:
     def seconds(self, work: Work, phase: str) -> float:
         key = f"{work.kind}/{phase}"
         rate = self.rates.get(key, self.default_rate)
-        if work.kind == "lstm" and phase in self.lstm_batch_seconds and work.sizes[2] > 0:
+        if work.kind == "lstm" and phase in self.lstm_batch_seconds and work.tokens > 0 and work.sizes[2] > 0:
             rate *= self.batch_efficiency(work.tokens / work.sizes[2], phase)
         seconds = flops(work, phase) / rate + self.fixed.get(key, 0.0)
         if work.kind == "lstm" and key in self.per_step:
