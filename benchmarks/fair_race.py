@@ -28,8 +28,9 @@ Two tables, from the schedule simulator replaying the engine's own cells
    ``work/tatoeba_ja_en/bin``): both on real batches, drawn as fairseq's
    batch sampler draws them at ``--max-tokens`` per GPU (default 6400, the
    paper's 128 x 50): DDP's K ranks each get a batch of their own and every
-   step waits for the slowest (its stragglers); the group's step takes the
-   same K batches merged.
+   step waits for the slowest (its stragglers); the group's step takes a
+   batch drawn at K x ``--max-tokens``, and, for comparison, the same K
+   batches merged.
 
 An LSTM cell of fewer sentences than 128 runs at the lower throughput a
 GPU reaches there (``fairseq_hybrid/planning/lstm_batch_efficiency.json``,
@@ -192,37 +193,53 @@ def as_batch(parts: Sequence[Tuple[List[int], List[int]]]):
     return batch(len(sources), sources, max(targets), targets)
 
 
+def tokens_of(parts: Sequence[Tuple[List[int], List[int]]]) -> int:
+    return sum(sum(sources) + sum(targets) for sources, targets in parts)
+
+
 def straggler_table(args, placements: Dict[str, Dict[int, str]]) -> Dict:
-    """DDP and the group on real batches: per step, K batches; DDP waits for
-    its slowest rank, the group runs them merged at its best count of
-    micro-batches and chunk length (the placement found at equal batches)."""
-    drawn = real_batches(args.data, args.max_tokens, args.real_steps * max(args.groups))
+    """DDP and the group on real batches, in tokens/s over one device's on
+    the per-GPU batches: DDP's step takes K of them and waits for its
+    slowest rank; the group's step takes a batch drawn at K x
+    ``--max-tokens`` (what a user would give it: sentences of similar
+    length), and, for comparison, the same K per-GPU batches merged (padded
+    to the longest), each at its best count of micro-batches and chunk
+    length (the placement found at equal batches)."""
+    steps = args.real_steps
+    per_gpu_batches = real_batches(args.data, args.max_tokens, steps * max(args.groups))
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
     gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
-    report: Dict = {"max_tokens": args.max_tokens, "steps": args.real_steps,
-                    "sentences_per_batch": sum(len(part[0]) for part in drawn) / len(drawn)}
+    report: Dict = {"max_tokens": args.max_tokens, "steps": steps,
+                    "sentences_per_batch": sum(len(part[0]) for part in per_gpu_batches) / len(per_gpu_batches)}
+    group_batches = {k: real_batches(args.data, k * args.max_tokens, steps) for k in args.groups}
     for name in ("p100", "a100"):
         step_us = 20.0 if name == "p100" else 10.0
         fixed_one = host_fixed(args.host_cost, 1)
         rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, per_gpu, fixed_one, step_us,
                                                              args.one_device_tokens_per_s)
         one_cost = cost_set(name, fixed_one, step_us, rate)
+        ones = [predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([part])) for part in per_gpu_batches]
+        one_rate = tokens_of(per_gpu_batches) / sum(one.total for one in ones)  # tokens/s of one device
         rows = {}
         for k in args.groups:
             cost = cost_set(name, host_fixed(args.host_cost, k), step_us, rate)
-            one_total = ddp_total = group_total = 0.0
-            for step in range(args.real_steps):
-                parts = drawn[step * k:(step + 1) * k]
-                ones = [predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([part])) for part in parts]
-                one_total += sum(one.total for one in ones)
-                ddp_total += data_parallel_step_of(ones, gradient_bytes, one_cost).total
-                group = best_group(model, cfg, k, cost, as_batch(parts), args.micro_batches, (0, 0),
-                                   placement=placements[name][k])
-                group_total += group["step"].total
-            rows[f"K={k}"] = {"ddp": one_total / ddp_total, "group": one_total / group_total}
-            print(f"{name} K={k} on real batches: DDP {rows[f'K={k}']['ddp']:.2f}x, "
-                  f"group {rows[f'K={k}']['group']:.2f}x", flush=True)
+
+            def group_seconds(parts):
+                return best_group(model, cfg, k, cost, as_batch(parts), args.micro_batches, (0, 0),
+                                  placement=placements[name][k])["step"].total
+
+            ddp_seconds = sum(data_parallel_step_of(ones[i * k:(i + 1) * k], gradient_bytes, one_cost).total
+                              for i in range(steps))
+            ddp_rate = tokens_of(per_gpu_batches[:steps * k]) / ddp_seconds
+            own_rate = tokens_of(group_batches[k]) / sum(group_seconds([part]) for part in group_batches[k])
+            merged_rate = tokens_of(per_gpu_batches[:steps * k]) / sum(
+                group_seconds(per_gpu_batches[i * k:(i + 1) * k]) for i in range(steps))
+            rows[f"K={k}"] = {"ddp": ddp_rate / one_rate, "group": own_rate / one_rate,
+                              "group_merged": merged_rate / one_rate}
+            print(f"{name} K={k} on real batches: DDP {rows[f'K={k}']['ddp']:.2f}x, group "
+                  f"{rows[f'K={k}']['group']:.2f}x (the K batches merged: {rows[f'K={k}']['group_merged']:.2f}x)",
+                  flush=True)
         report[name] = rows
     return report
 
@@ -275,14 +292,16 @@ def markdown(report: Dict) -> str:
               "device."]
     real = report.get("real_batches")
     if real:
-        lines += ["", f"On real batches ({real['steps']} steps of K batches of `--max-tokens "
+        lines += ["", f"On real batches, drawn by fairseq's batch sampler ({real['steps']} steps; per GPU `--max-tokens "
                   f"{real['max_tokens']}`, {real['sentences_per_batch']:.0f} sentences a batch on average): DDP's "
-                  "ranks each take a batch and wait for the slowest; the group takes the K batches merged; "
-                  "speed-up over one GPU running the same batches one after another:", "",
+                  "ranks each take a batch and wait for the slowest; the group takes a batch of K x "
+                  "`--max-tokens` (in brackets: the same K batches merged, padded to the longest); tokens/s over "
+                  "one GPU's on the per-GPU batches:", "",
                   "| GPUs | P100 set: DDP | group | A100 set: DDP | group |", "| --- | ---: | ---: | ---: | ---: |"]
         for name in real["p100"]:
             p, a = real["p100"][name], real["a100"][name]
-            lines.append(f"| {name} | {p['ddp']:.2f}x | {p['group']:.2f}x | {a['ddp']:.2f}x | {a['group']:.2f}x |")
+            lines.append(f"| {name} | {p['ddp']:.2f}x | {p['group']:.2f}x ({p['group_merged']:.2f}x) | "
+                         f"{a['ddp']:.2f}x | {a['group']:.2f}x ({a['group_merged']:.2f}x) |")
     return "\n".join(lines) + "\n"
 
 
