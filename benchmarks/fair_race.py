@@ -315,7 +315,8 @@ def main(argv=None) -> int:
     parser.add_argument("--one-device-tokens-per-s", type=float, default=GNMT_A100_TOKENS_PER_S,
                         help="the A100 set's one-device rate (as benchmarks/predict_speedups.py)")
     parser.add_argument("--vocabulary", type=int, default=32000)
-    parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4, 8], help="counts to try (default 1,2,4,8)")
+    parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4, 8],
+                        help="counts to try (default 1,2,4,8)")
     parser.add_argument("--lengths", type=integers, default=None,
                         help="chunk lengths to try (default: --hybrid-chunk-length auto's candidates)")
     parser.add_argument("--groups", type=integers, default=[2, 4], help="group sizes K (default 2,4)")

@@ -3,9 +3,10 @@ device other than the module's own.
 
 Batch shards of the attention-softmax part (and of the whole model in
 ``data`` mode) run on every worker, and the reverse direction of a
-bidirectional layer runs on the layer's partner device; each such worker
-gets a replica: a copy of the module whose parameters share the master's
-storage where the device is the same (every plain CPU device, or virtual
+bidirectional layer runs on a device of its own (the next one unless the
+placement says otherwise); each such worker gets a replica: a copy of
+the module whose parameters share the master's storage where the device
+is the same (every plain CPU device, or virtual
 devices on one GPU) and hold a fresh copy of the master's values
 otherwise, made through :func:`.transfer.arrive`.
 
@@ -145,7 +146,7 @@ class Replicas:
 class ModelReplicas:
     """The replicas a group keeps of one ``hybrid_lstm`` model: of its
     attention-softmax part, of each direction of a bidirectional encoder
-    layer that runs on its partner device, and (``data`` mode) of the whole
+    layer that runs on a device of its own, and (``data`` mode) of the whole
     model.  Made on first use and kept from step to step."""
 
     def __init__(self, model: nn.Module):

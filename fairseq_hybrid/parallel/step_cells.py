@@ -128,9 +128,9 @@ class BuiltStep(NamedTuple):
     results: List[int]  # the cells whose outputs are the shards' loss sums
     # every replica the step uses, in the order of their first cells: of
     # the attention-softmax part on the shard workers other than its
-    # master's, of reverse directions of bidirectional layers on their
-    # own device, of the whole model (data mode) on workers other than
-    # the first
+    # master's, of reverse directions of bidirectional layers on the
+    # device the placement gives them, of the whole model (data mode) on
+    # workers other than the first
     replica_uses: Tuple[ReplicaUse, ...] = ()
 
 
