@@ -57,7 +57,8 @@ import torch
 from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import build_hybrid_step, build_plan
-from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, data_parallel_step_of, speedup
+from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, owned_bytes,
+                                                       speedup)
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, a100_rate, best_chunk_length, cost_set,
                                                host_fixed, predicted_step)
 from fairseq_hybrid.planning.placement_search import best_placement
@@ -65,6 +66,17 @@ from fairseq_hybrid.planning.schedule_simulator import CostModel, flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 
 PER_GPU = (128, 50, 50)  # sentences, source and target tokens of one GPU's batch
+
+
+def one_device_cost(args, name: str, model, cfg, per_gpu):
+    """The cost set ``name``'s latency per LSTM time step, FLOP rate (the
+    A100 set's solved for ``--one-device-tokens-per-s``) and one device's
+    cost model, with the host time of one worker."""
+    step_us = 20.0 if name == "p100" else 10.0
+    fixed_one = host_fixed(args.host_cost, 1)
+    rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, per_gpu, fixed_one, step_us,
+                                                         args.one_device_tokens_per_s)
+    return step_us, rate, cost_set(name, fixed_one, step_us, rate)
 
 
 def busiest_share(model, cfg, k: int, placement: str, sample, chunk_length: int, micro_batches: int) -> float:
@@ -143,11 +155,7 @@ def race_table(args) -> Dict:
     gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
     report: Dict = {}
     for name in ("p100", "a100"):
-        step_us = 20.0 if name == "p100" else 10.0
-        fixed_one = host_fixed(args.host_cost, 1)
-        rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, per_gpu, fixed_one, step_us,
-                                                             args.one_device_tokens_per_s)
-        one_cost = cost_set(name, fixed_one, step_us, rate)
+        step_us, rate, one_cost = one_device_cost(args, name, model, cfg, per_gpu)
         one = predicted_step(model, cfg, 1, "hybrid", one_cost, *per_gpu)
         rows = {}
         for k in args.groups:
@@ -162,7 +170,7 @@ def race_table(args) -> Dict:
                 "placement": group["placement"]}
             if k == 4 and args.eight:
                 # two groups of four under DDP: each group's step at 512 sentences, the all-reduce between twins
-                owned = max(owned_bytes(model, cfg, group["placement"]))
+                owned = max(owned_bytes(model, cfg, 4, group["placement"]))
                 two = data_parallel_step(group["step"], owned, 2, cost)
                 rows["2 groups x 4 (8 GPUs)"] = {"ddp": speedup(one, data_parallel_step(one, gradient_bytes, 8,
                                                                                         one_cost), 8),
@@ -214,11 +222,7 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]]) -> Dict:
                     "sentences_per_batch": sum(len(part[0]) for part in per_gpu_batches) / len(per_gpu_batches)}
     group_batches = {k: real_batches(args.data, k * args.max_tokens, steps) for k in args.groups}
     for name in ("p100", "a100"):
-        step_us = 20.0 if name == "p100" else 10.0
-        fixed_one = host_fixed(args.host_cost, 1)
-        rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, per_gpu, fixed_one, step_us,
-                                                             args.one_device_tokens_per_s)
-        one_cost = cost_set(name, fixed_one, step_us, rate)
+        step_us, rate, one_cost = one_device_cost(args, name, model, cfg, per_gpu)
         ones = [predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([part])) for part in per_gpu_batches]
         one_rate = tokens_of(per_gpu_batches) / sum(one.total for one in ones)  # tokens/s of one device
         rows = {}
@@ -242,27 +246,6 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]]) -> Dict:
                   flush=True)
         report[name] = rows
     return report
-
-
-def owned_bytes(model, cfg, placement: str) -> List[float]:
-    """Gradient bytes of the parameters each device of a group of 4 owns
-    (where ``HybridGroup.place`` puts them)."""
-    plan = build_plan("cpu,cpu,cpu,cpu", placement, "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-    encoder, decoder = model.encoder.stack, model.decoder.stack
-    owned = [0.0] * plan.size
-
-    def add(module, worker):
-        owned[worker] += 4.0 * sum(p.numel() for p in module.parameters())
-
-    add(encoder.embed_tokens, plan.encoder[0])
-    for layer, module in enumerate(encoder.layers):
-        add(module, plan.encoder[layer])
-    add(decoder.embed_tokens, plan.decoder[0])
-    for layer, module in enumerate(decoder.layers):
-        for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
-            add(part, plan.decoder[layer])
-    add(model.decoder.attention_softmax, plan.decoder[0])
-    return owned
 
 
 def markdown(report: Dict) -> str:

@@ -55,32 +55,12 @@ import sys
 from typing import Dict, List
 
 from fairseq_hybrid.harness.measuring import write_report
-from fairseq_hybrid.parallel import Cell, build_plan
-from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, speedup
+from fairseq_hybrid.parallel import Cell
+from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, owned_bytes, speedup
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, a100_rate, best_chunk_length, cost_set,
                                                host_fixed, predicted_step)
 from fairseq_hybrid.planning.schedule_simulator import CostModel
-
-def owned_bytes(model, cfg, k) -> List[float]:
-    """Gradient bytes of the parameters each device of a hybrid group owns
-    (where ``HybridGroup.place`` puts them)."""
-    plan = build_plan(",".join(["cpu"] * k), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-    encoder, decoder = model.encoder.stack, model.decoder.stack
-    owned = [0.0] * k
-
-    def add(module, worker):
-        owned[worker] += 4.0 * sum(p.numel() for p in module.parameters())
-
-    add(encoder.embed_tokens, plan.encoder[0])
-    for layer, module in enumerate(encoder.layers):
-        add(module, plan.encoder[layer])
-    add(decoder.embed_tokens, plan.decoder[0])
-    for layer, module in enumerate(decoder.layers):
-        for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
-            add(part, plan.decoder[layer])
-    add(model.decoder.attention_softmax, plan.decoder[0])
-    return owned
 
 
 def without_decoder_initial_state(cells: List[Cell]) -> List[Cell]:

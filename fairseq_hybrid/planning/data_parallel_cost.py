@@ -20,8 +20,9 @@ once, so the device that owns the most parameters decides.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import List, Sequence
 
+from ..parallel import build_plan
 from .schedule_simulator import CostModel, StepTime
 
 BUCKET_BYTES = 25 * 2 ** 20  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
@@ -67,6 +68,28 @@ def data_parallel_step_of(rank_steps: Sequence[StepTime], gradient_bytes: float,
     the slowest rank's with the reduction overlapped with its backward."""
     slowest = max(rank_steps, key=lambda step: step.total)
     return data_parallel_step(slowest, gradient_bytes, len(rank_steps), cost)
+
+
+def owned_bytes(model, cfg, k: int, placement: str = "") -> List[float]:
+    """Gradient bytes (fp32) of the parameters each device of a hybrid
+    group of ``k`` owns, where ``HybridGroup.place`` puts them: what its
+    twin in another group reduces with it under DDP."""
+    plan = build_plan(",".join(["cpu"] * k), placement, "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    encoder, decoder = model.encoder.stack, model.decoder.stack
+    owned = [0.0] * k
+
+    def add(module, worker):
+        owned[worker] += 4.0 * sum(p.numel() for p in module.parameters())
+
+    add(encoder.embed_tokens, plan.encoder[0])
+    for layer, module in enumerate(encoder.layers):
+        add(module, plan.encoder[layer])
+    add(decoder.embed_tokens, plan.decoder[0])
+    for layer, module in enumerate(decoder.layers):
+        for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
+            add(part, plan.decoder[layer])
+    add(model.decoder.attention_softmax, plan.decoder[0])
+    return owned
 
 
 def speedup(one_device: StepTime, step: StepTime, ranks: int) -> float:
