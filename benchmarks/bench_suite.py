@@ -256,7 +256,8 @@ def main(argv=None):
         total = totals[system.name]
         result["systems"][system.name] = {"target_tokens_per_s": total["tokens"] / total["seconds"],
                                           "memory_mib": total["memory_mib"], "kind": system.kind,
-                                          "mode": system.mode, "placement": system.placement}
+                                          "mode": system.mode, "placement": system.placement,
+                                          "micro_batches": system.micro_batches}
     print()
     print(write_outputs(result, args.out))
     if not args.no_simulation and args.device == "cpu":

@@ -32,7 +32,8 @@ import time
 import torch
 
 from fairseq_hybrid.harness.measuring import batches, build, preset_args, suite_systems, train_steps
-from fairseq_hybrid.parallel import record_cell_times
+from fairseq_hybrid.parallel import AUTO, build_plan, record_cell_times
+from fairseq_hybrid.planning.chunk_choice import ChunkLengthChooser
 from fairseq_hybrid.planning.gpu_costs import KINDS, PHASES, gpu_cost_model, predicted_step
 from fairseq_hybrid.planning.placement_search import best_placement
 from fairseq_hybrid.planning.twin_model import batch, twin_model
@@ -66,14 +67,15 @@ def calibrate(data, samples, arch, chunk_lengths=(0, 4)):
 
 
 def validation_system(name, row, k):
-    """``(mode, placement)`` of a measured group of the benchmark suite, or
-    None for the other systems (rows written before the suite recorded
-    them are looked up among its systems by name)."""
+    """``(mode, placement, micro_batches)`` of a measured group of the
+    benchmark suite, or None for the other systems (rows written before the
+    suite recorded them are looked up among its systems by name)."""
     system = {s.name: s for s in suite_systems(k)}.get(name)
     kind = row.get("kind", system.kind if system else "")
     if kind != "group":
         return None
-    return row.get("mode", system.mode if system else ""), row.get("placement", system.placement if system else "")
+    return (row.get("mode", system.mode if system else ""), row.get("placement", system.placement if system else ""),
+            row.get("micro_batches", system.micro_batches if system else "") or "1")
 
 
 def net_input_of(sample):
@@ -81,9 +83,20 @@ def net_input_of(sample):
     return net_input, sample["target"]
 
 
-def predicted_seconds(model, cfg, k, mode, placement, cost, samples, chunk_length=0):
-    return sum(predicted_step(model, cfg, k, mode, cost, *net_input_of(sample), chunk_length, placement).total
-               for sample in samples)
+def predicted_seconds(model, cfg, k, mode, placement, cost, samples, chunk_length=0, micro_batches="1"):
+    """The simulated seconds of the steps of ``samples``; with
+    ``micro_batches="auto"`` each at the count the group would choose
+    under ``cost``."""
+    chooser = None
+    if micro_batches == AUTO:
+        plan = build_plan(",".join(["cpu"] * k), placement, mode, cfg.encoder_layers, cfg.decoder_layers)
+        chooser = ChunkLengthChooser(model, plan, cost, AUTO, chunk_length)
+    total = 0.0
+    for sample in samples:
+        count = chooser(*net_input_of(sample))[1] if chooser else int(micro_batches)
+        total += predicted_step(model, cfg, k, mode, cost, *net_input_of(sample), chunk_length, placement,
+                                micro_batches=count).total
+    return total
 
 
 def shaped_samples(sentences, source_length, target_length, count):
@@ -178,10 +191,11 @@ def main(argv=None):
             chosen = validation_system(name, row, k)
             if chosen is None:
                 continue
-            mode, placement = chosen
+            mode, placement, micro_batches = chosen
             if placement == "auto":
                 placement = best_placement(twin, cfg, [torch.device("cpu")] * k)[0]
-            predicted = base / predicted_seconds(twin, cfg, k, mode, placement, cost, timed)
+            predicted = base / predicted_seconds(twin, cfg, k, mode, placement, cost, timed,
+                                                 micro_batches=micro_batches)
             error = predicted / row["speedup"] - 1
             result["validation"][name] = {"predicted": predicted, "measured": row["speedup"], "error": error}
             print(f"| {name} | {predicted:.2f}x | {row['speedup']:.2f}x | {error:+.0%} |")

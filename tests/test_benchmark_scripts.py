@@ -23,7 +23,7 @@ def test_bench_suite_smoke(binarized, tmp_path):
     run(sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), binarized / "bin", "--batches", "3", "--rounds", "1",
         "--max-tokens", "200", "--no-simulation", "--out", out, timeout=600)
     result = json.load(open(out / "bench.json"))
-    assert len(result["systems"]) == 10
+    assert len(result["systems"]) == 11
     assert all(row["target_tokens_per_s"] > 0 for row in result["systems"].values())
     table = open(out / "bench.md").read()
     assert "2 independent copies (ceiling)" in table and "data parallel across 2 gloo processes" in table

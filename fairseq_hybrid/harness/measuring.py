@@ -60,7 +60,8 @@ def hybrid_lstm_args(size=SIZE) -> List[str]:
 
 
 def preset_args(arch: str = "hybrid_lstm_base", devices: str = "", mode: str = "hybrid", chunk_length: int = 0,
-                placement: str = "", dropout: Optional[float] = None, dropout_masks: str = "") -> List[str]:
+                placement: str = "", dropout: Optional[float] = None, dropout_masks: str = "",
+                micro_batches: str = "") -> List[str]:
     """A ``hybrid_lstm`` preset, on one device or (``devices``) on a group."""
     args = ["--user-dir", USER_DIR, "--arch", arch, "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1"]
     if dropout is not None:
@@ -71,6 +72,8 @@ def preset_args(arch: str = "hybrid_lstm_base", devices: str = "", mode: str = "
             args += ["--hybrid-placement", placement]
         if dropout_masks:
             args += ["--hybrid-dropout-masks", dropout_masks]
+        if micro_batches:
+            args += ["--hybrid-micro-batches", micro_batches]
     return args
 
 
@@ -190,7 +193,8 @@ class System:
     """One way of training the benchmark's model.  ``kind``: fairseq_lstm,
     one_device, group (``mode`` hybrid, model or data; ``placement``),
     gloo (K processes of DDP), copies (K independent single-device steps
-    at once: the ceiling).  ``threads``: intra-op threads of the process
+    at once: the ceiling); ``micro_batches``: a group's
+    ``--hybrid-micro-batches``.  ``threads``: intra-op threads of the process
     (a group's workers run one each)."""
 
     name: str
@@ -198,12 +202,14 @@ class System:
     threads: int = 1
     mode: str = ""
     placement: str = ""
+    micro_batches: str = ""
 
     def model_args(self, devices: str) -> List[str]:
         if self.kind == "fairseq_lstm":
             return fairseq_lstm_args()
         if self.kind == "group":
-            return preset_args("hybrid_lstm_base", devices, self.mode, 0, self.placement)
+            return preset_args("hybrid_lstm_base", devices, self.mode, 0, self.placement,
+                               micro_batches=self.micro_batches)
         return preset_args("hybrid_lstm_base")
 
 
@@ -215,6 +221,8 @@ def suite_systems(k: int) -> List[System]:
         System(f"hybrid_lstm_base, 1 device, {k} threads", "one_device", threads=k),
         System(f"hybrid on {k} devices", "group", threads=k, mode="hybrid"),
         System(f"hybrid on {k} devices, placement auto", "group", threads=k, mode="hybrid", placement="auto"),
+        System(f"hybrid on {k} devices, micro-batches auto", "group", threads=k, mode="hybrid",
+               micro_batches="auto"),
         System(f"pure model parallel on {k} devices", "group", threads=k, mode="model"),
         System(f"pure data parallel on {k} devices (one process)", "group", threads=k, mode="data"),
         System(f"data parallel across {k} gloo processes", "gloo"),
