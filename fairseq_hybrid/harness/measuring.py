@@ -96,17 +96,23 @@ def read_args(path: str) -> List[str]:
 # -- models and batches --------------------------------------------------------------
 
 
-def build(data: str, model_args: List[str]):
-    """Task (train split loaded), model (seed 1) and criterion, from
-    fairseq's own parser."""
+def _task_and_config(data: str, model_args: List[str]):
+    """fairseq's parser on ``data`` and ``model_args``: the config and the
+    task, train split loaded."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [data] + COMMON + model_args)
-    cfg = convert_namespace_to_omegaconf(args)
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, [data] + COMMON + model_args))
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
+    return task, cfg
+
+
+def build(data: str, model_args: List[str]):
+    """Task (train split loaded), model (seed 1) and criterion, from
+    fairseq's own parser."""
+    task, cfg = _task_and_config(data, model_args)
     torch.manual_seed(1)
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
@@ -115,14 +121,7 @@ def build(data: str, model_args: List[str]):
 
 def task_of(data: str):
     """The translation task of a binarized ja-en corpus, train split loaded."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [data] + COMMON + preset_args("hybrid_lstm_tiny"))
-    task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
-    task.load_dataset("train")
-    return task
+    return _task_and_config(data, preset_args("hybrid_lstm_tiny"))[0]
 
 
 def batches(task, max_tokens: int, count: int, max_positions=(64, 64)):

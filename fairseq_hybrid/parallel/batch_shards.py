@@ -16,17 +16,27 @@ from torch import Tensor
 from .transfer import arrive
 
 
+def weighted_slices(batch_size: int, weights: Sequence[int]) -> List[slice]:
+    """Contiguous slices of ``range(batch_size)``, one per weight, their
+    sizes in proportion (largest remainders round up, the first among
+    equals first; a slice may be empty)."""
+    total = sum(weights)
+    exact = [batch_size * weight / total for weight in weights]
+    sizes = [int(value) for value in exact]
+    for index in sorted(range(len(weights)), key=lambda i: (sizes[i] - exact[i], i))[: batch_size - sum(sizes)]:
+        sizes[index] += 1
+    slices, start = [], 0
+    for size in sizes:
+        slices.append(slice(start, start + size))
+        start += size
+    return slices
+
+
 def batch_slices(batch_size: int, count: int) -> List[slice]:
     """``count`` contiguous, near-equal slices of ``range(batch_size)``; a
     batch smaller than ``count`` gives fewer, never an empty one."""
-    count = max(1, min(count, batch_size))
-    base, extra = divmod(batch_size, count)
-    slices, start = [], 0
-    for index in range(count):
-        stop = start + base + (1 if index < extra else 0)
-        slices.append(slice(start, stop))
-        start = stop
-    return slices
+    slices = [rows for rows in weighted_slices(batch_size, [1] * max(1, count)) if rows.stop > rows.start]
+    return slices or [slice(0, batch_size)]
 
 
 def sum_on(results: Sequence[Tuple[Tensor, ...]], device: torch.device) -> Tuple[Tensor, ...]:

@@ -29,6 +29,8 @@ from typing import List, Sequence, Tuple, Union
 
 import torch
 
+from .batch_shards import weighted_slices
+
 MODES = ("hybrid", "model", "data")
 AUTO = "auto"
 
@@ -89,22 +91,6 @@ class DevicePlan:
         if layer < len(self.reverse):
             return self.reverse[layer]
         return (self.encoder[layer] + 1) % self.size
-
-
-def weighted_slices(batch_size: int, weights: Sequence[int]) -> List[slice]:
-    """Contiguous slices of ``range(batch_size)``, one per weight, their
-    sizes in proportion (largest remainders round up; a slice may be
-    empty)."""
-    total = sum(weights)
-    exact = [batch_size * weight / total for weight in weights]
-    sizes = [int(value) for value in exact]
-    for index in sorted(range(len(weights)), key=lambda i: (sizes[i] - exact[i], i))[: batch_size - sum(sizes)]:
-        sizes[index] += 1
-    slices, start = [], 0
-    for size in sizes:
-        slices.append(slice(start, start + size))
-        start += size
-    return slices
 
 
 def parse_devices(spec: str) -> List[torch.device]:
@@ -198,10 +184,11 @@ def parse_placement(spec: str, encoder_layers: int, decoder_layers: int, num_dev
     return parts["encoder"], parts["decoder"], tuple(parts.get("reverse", ())), tuple(shards)
 
 
-def chunk_length_option(value) -> Union[int, str]:
-    """``--hybrid-chunk-length`` as a count of time steps >= 0 or ``"auto"``.
-    The option is text on the command line (so that it can say ``auto``)
-    and an int in older checkpoints and in the Python API; both are taken."""
+def _count_or_auto(value, minimum: int, bad_text: str, bad_value: str) -> Union[int, str]:
+    """An option that is a whole number >= ``minimum`` or ``"auto"``: text on
+    the command line (so that it can say ``auto``), an int in older
+    checkpoints and in the Python API; both are taken.  ``bad_text`` and
+    ``bad_value`` are the errors' texts, ``{!r}`` the value given."""
     if isinstance(value, str):
         text = value.strip()
         if text == AUTO:
@@ -209,30 +196,22 @@ def chunk_length_option(value) -> Union[int, str]:
         try:
             value = int(text)
         except ValueError:
-            raise DevicePlanError(
-                f"--hybrid-chunk-length {text!r}: give a number of time steps >= 0 (0: one chunk per device) "
-                "or auto"
-            ) from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DevicePlanError(f"--hybrid-chunk-length must be >= 0 or auto, got {value!r}")
+            raise DevicePlanError(bad_text.format(text)) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DevicePlanError(bad_value.format(value))
     return value
+
+
+def chunk_length_option(value) -> Union[int, str]:
+    """``--hybrid-chunk-length`` as a count of time steps >= 0 or ``"auto"``."""
+    return _count_or_auto(value, 0, "--hybrid-chunk-length {!r}: give a number of time steps >= 0 (0: one chunk "
+                                    "per device) or auto", "--hybrid-chunk-length must be >= 0 or auto, got {!r}")
 
 
 def micro_batches_option(value) -> Union[int, str]:
-    """``--hybrid-micro-batches`` as a count >= 1 or ``"auto"`` (text on
-    the command line, an int in the Python API; both are taken)."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text == AUTO:
-            return AUTO
-        try:
-            value = int(text)
-        except ValueError:
-            raise DevicePlanError(f"--hybrid-micro-batches must be a whole number >= 1 or auto, got {text!r}") \
-                from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DevicePlanError(f"--hybrid-micro-batches must be a whole number >= 1 or auto, got {value!r}")
-    return value
+    """``--hybrid-micro-batches`` as a count >= 1 or ``"auto"``."""
+    bad = "--hybrid-micro-batches must be a whole number >= 1 or auto, got {!r}"
+    return _count_or_auto(value, 1, bad, bad)
 
 
 def check_options(cfg) -> None:

@@ -37,8 +37,9 @@ class SingleDeviceMasks(NamedTuple):
                                  [m[rows] for m in self.decoder], self.features[rows])
 
     def in_order(self, rows=slice(None)) -> List[Tensor]:
-        return [self.source[rows], *(m[rows] for m in self.encoder), self.target[rows],
-                *(m[rows] for m in self.decoder), self.features[rows]]
+        """The masks of ``rows`` in the order the model's dropout calls take them."""
+        masks = self.rows(rows)
+        return [masks.source, *masks.encoder, masks.target, *masks.decoder, masks.features]
 
 
 def draw_single_device_masks(model, source_width: int, target_width: int, batch: int) -> Optional[SingleDeviceMasks]:
