@@ -62,7 +62,7 @@ from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, a100_rate, best_chunk_length, cost_set,
                                                host_fixed, predicted_step)
 from fairseq_hybrid.planning.placement_search import best_placement
-from fairseq_hybrid.planning.schedule_simulator import CostModel, flops
+from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 
 PER_GPU = (128, 50, 50)  # sentences, source and target tokens of one GPU's batch
@@ -83,10 +83,7 @@ def busiest_share(model, cfg, k: int, placement: str, sample, chunk_length: int,
     """The busiest device's share of the step's floating-point operations."""
     plan = build_plan(",".join(["cpu"] * k), placement, "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     built = build_hybrid_step(model, plan, *sample, lambda *args: args, chunk_length, micro_batches=micro_batches)
-    work = [0.0] * k
-    for cell in built.step.cells:
-        if cell.work is not None:
-            work[cell.worker] += flops(cell.work, "forward") + flops(cell.work, "backward")
+    work = device_flops(built.step.cells, k)
     return max(work) / sum(work)
 
 

@@ -27,7 +27,7 @@ import torch
 
 from ..parallel import (AUTO, build_hybrid_step, build_plan, chunk_length_option, default_placement,
                         micro_batches_option, parse_devices, parse_placement, placement_text)
-from .schedule_simulator import CostModel, StepTime, flops, step_time
+from .schedule_simulator import CostModel, StepTime, device_flops, step_time
 from .twin_model import batch
 
 logger = logging.getLogger(__name__)
@@ -133,15 +133,8 @@ def balanced_shard_weights(model, plan, net_input, target, chunk_length: int = 0
     already above it)."""
     built = build_hybrid_step(model, plan, net_input, target, lambda *args: args, chunk_length,
                               micro_batches=micro_batches)
-    other, shards = [0.0] * plan.size, 0.0
-    for cell in built.step.cells:
-        if cell.work is None:
-            continue
-        work = sum(flops(cell.work, phase) for phase in ("forward", "backward"))
-        if cell.work.kind == "attention_softmax":
-            shards += work
-        else:
-            other[cell.worker] += work
+    other = device_flops(built.step.cells, plan.size, exclude=("attention_softmax",))
+    shards = sum(device_flops(built.step.cells, plan.size, kinds=("attention_softmax",)))
     level_low, level_high = min(other), max(other) + shards
     for _ in range(60):  # the level where the shards' work fills the gaps exactly
         level = (level_low + level_high) / 2

@@ -63,6 +63,19 @@ def flops(work: Work, phase: str) -> float:
     raise ValueError(f"no cost formula for cells of kind {work.kind!r}")
 
 
+def device_flops(cells: Sequence[Cell], size: int, kinds: Optional[Sequence[str]] = None,
+                 exclude: Sequence[str] = ()) -> List[float]:
+    """Each device's floating-point operations in a step's cells, forward
+    and backward, of the given ``kinds`` (all by default) less those in
+    ``exclude``: how the work is spread."""
+    work = [0.0] * size
+    for cell in cells:
+        if cell.work is None or cell.work.kind in exclude or (kinds is not None and cell.work.kind not in kinds):
+            continue
+        work[cell.worker] += flops(cell.work, "forward") + flops(cell.work, "backward")
+    return work
+
+
 def input_bytes(work: Work) -> float:
     """Bytes a cell reads from other cells (what crosses a link)."""
     if work.kind == "lstm":
