@@ -37,6 +37,49 @@ def test_replay_follows_dependencies_devices_and_links():
     assert replay(cells, 2, cost, same_device=[0, 0])[0] == 3.0  # one device's two workers: no link
 
 
+def _queued_cost(host: float, device_rate: float, **options) -> CostModel:
+    """Gather cells (one FLOP each): ``host`` seconds of host time, 1 /
+    ``device_rate`` seconds on the device."""
+    return CostModel(rates={"gather/forward": device_rate, "gather/backward": device_rate},
+                     fixed={"gather/forward": host, "gather/backward": host}, **options)
+
+
+def test_a_queueing_host_runs_ahead_of_its_device():
+    """One worker, a chain of cells: the host queues the next cell while the
+    device runs the last, so the step is the first cell's host time plus the
+    devices' work, not the sum of both."""
+    one = Work("gather", 1, (1,))
+    chain = [Cell(str(i), 0, [(i - 1, 0)] if i else [], None, one) for i in range(5)]
+    assert replay(chain, 1, _queued_cost(1.0, 0.5)) == (15.0, 15.0)  # summed: 5 x (1 + 2)
+    assert replay(chain, 1, _queued_cost(1.0, 0.5, host_queues=True)) == (11.0, 11.0)  # 1 + 5 x 2
+    # a host slower than the device sets the pace instead: 5 x 2 + the last cell's device
+    assert replay(chain, 1, _queued_cost(2.0, 2.0, host_queues=True)) == (10.5, 10.5)
+
+
+def test_one_host_queues_for_every_worker():
+    """K workers share one host (the GIL): independent cells whose device
+    time is nothing take K host times, not one."""
+    one = Work("gather", 1, (1,))
+    cells = [Cell(str(w), w, [], None, one) for w in range(4)]
+    assert replay(cells, 4, _queued_cost(1.0, float("inf"))) == (1.0, 1.0)
+    assert replay(cells, 4, _queued_cost(1.0, float("inf"), host_queues=True)) == (4.0, 4.0)
+
+
+def test_queued_cells_wait_for_host_device_and_inputs():
+    one = Work("gather", 1, (1,))
+    cells = [Cell("a", 0, [], None, one), Cell("b", 1, [], None, one), Cell("c", 1, [(0, 0)], None, one),
+             Cell("d", 0, [(2, 0)], None, one)]
+    cost = _queued_cost(1.0, 0.5, link_latency=0.5, host_queues=True)
+    # host: a 0..1, b 1..2, c 2..3 (after a's host and b's, its worker's last), d 3..4;
+    # devices: a 1..3, b 2..4, c 4..6 (its device busy with b until 4; a's output there at 3.5), d 6.5..8.5
+    forward, backward = replay(cells, 2, cost)
+    assert forward == 8.5
+    # backward, d c a | b in reverse: host d 0..1, c 1..2, b 2..3 (after c on worker 1), a 3..4 (after d, c);
+    # devices: d 1..3, c 3.5..5.5, b 5.5..7.5, a 6..8 (c's gradient there at 6)
+    assert backward == 8.0
+    assert replay(cells, 2, _queued_cost(1.0, 0.5, link_latency=0.5)) == (10.0, 10.0)  # summed per cell
+
+
 def test_two_devices_predicted_faster_and_data_mode_cells_are_whole_models():
     model, cfg = twin_model("hybrid_lstm_base", 8000)
     assert all(p.device.type == "meta" for p in model.parameters())

@@ -19,6 +19,16 @@ with the same dependencies gives the step's time without running it:
   when the last one has arrived;
 * plus the step's fixed cost outside the cells (optimizer, criterion glue).
 
+On a GPU the host only queues a cell's kernels and goes on
+(``CostModel.host_queues``): a cell's fixed cost is then host time, spent
+on one host shared by the group's worker threads (they take turns holding
+the GIL), and its arithmetic is device time that starts once the cell is
+queued, its device is free and its inputs are there.  The host runs ahead
+of the devices as far as the dependencies let it (a worker queues its next
+cell once the inputs' producers have queued theirs).  Without it (CPU
+devices, where the host does the work, or the pessimistic reading of a
+GPU) a cell costs the sum, each worker on its own.
+
 Costs come from a :class:`CostModel`: floating-point operations per cell
 (from the cell's :class:`~fairseq_hybrid.parallel.cell_graph.Work`) divided by a rate per kind of
 cell and phase, plus a fixed cost per cell call; rates and fixed costs are
@@ -102,7 +112,18 @@ class CostModel:
     lstm_batch_seconds: Dict[str, List[List[float]]] = field(default_factory=dict)
     lstm_reference_batch: int = 0
     default_rate: float = 1e10
+    # the fixed seconds are host time that queues the device's work: one host for all workers, the device
+    # running behind it (a GPU); False: a cell costs fixed + arithmetic on its own worker (CPU devices)
+    host_queues: bool = False
     note: str = ""
+
+    def host_seconds(self, work: Work, phase: str) -> float:
+        """The host's part of a cell (its call: op dispatch, the engine)."""
+        return self.fixed.get(f"{work.kind}/{phase}", 0.0)
+
+    def device_seconds(self, work: Work, phase: str) -> float:
+        """The cell's arithmetic and time-step latency on its device."""
+        return self.seconds(work, phase) - self.host_seconds(work, phase)
 
     def seconds(self, work: Work, phase: str) -> float:
         key = f"{work.kind}/{phase}"
@@ -240,33 +261,33 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
         for i in copy.cells:
             not_before[i] = max(not_before[i], link_free[source])
 
-    free = [0.0] * num_workers
-    finish = [0.0] * len(cells)
-    for i in order:
-        cell = cells[i]
-        ready = not_before[i]
-        for producer, _ in cell.inputs:
-            arrival = finish[producer] + (cost.transfer(cell.work) if crosses(cells[producer], cell) else 0.0)
-            ready = max(ready, arrival)
-        finish[i] = max(ready, free[cell.worker]) + factor * seconds(cell, "forward")
-        free[cell.worker] = finish[i]
-    forward = max(finish, default=0.0)
-
     consumers: List[List[int]] = [[] for _ in cells]
     for i, cell in enumerate(cells):
         for producer, _ in cell.inputs:
             if i not in consumers[producer]:
                 consumers[producer].append(i)
-    free = [0.0] * num_workers
-    done = [0.0] * len(cells)
-    for i in reversed(order):
-        cell = cells[i]
-        ready = 0.0
-        for consumer in consumers[i]:
-            arrival = done[consumer] + (cost.transfer(cell.work) if crosses(cells[consumer], cell) else 0.0)
-            ready = max(ready, arrival)
-        done[i] = max(ready, free[cell.worker]) + factor * seconds(cell, "backward")
-        free[cell.worker] = done[i]
+    producers = [sorted({producer for producer, _ in cell.inputs}) for cell in cells]
+    queued = cost.host_queues and cell_seconds is None
+
+    def run(sequence: Sequence[int], after: Sequence[Sequence[int]], phase: str, start: Sequence[float]) -> List[float]:
+        """Each cell's finish when the cells run in ``sequence`` (each
+        worker's in that order), each after the cells in ``after[i]``."""
+        host_done = (_host_schedule(sequence, after, [cell.worker for cell in cells],
+                                    [cost.host_seconds(cell.work, phase) for cell in cells]) if queued else None)
+        free = [0.0] * num_workers
+        finish = [0.0] * len(cells)
+        for i in sequence:
+            cell = cells[i]
+            ready = start[i] if host_done is None else max(start[i], host_done[i])
+            for j in after[i]:
+                ready = max(ready, finish[j] + (cost.transfer(cell.work) if crosses(cells[j], cell) else 0.0))
+            work = factor * (cost.device_seconds(cell.work, phase) if queued else seconds(cell, phase))
+            finish[i] = max(ready, free[cell.worker]) + work
+            free[cell.worker] = finish[i]
+        return finish
+
+    forward = max(run(order, producers, "forward", not_before), default=0.0)
+    done = run(list(reversed(order)), consumers, "backward", [0.0] * len(cells))
     backward = max(done, default=0.0)
     # gradients: each sent once its replica's last cell is done, one after
     # another into each master's device
@@ -276,6 +297,44 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
         link_free[destination] = max(link_free.get(destination, 0.0), sent) + copy_seconds(copy)
         backward = max(backward, link_free[destination])
     return forward, backward
+
+
+def _host_schedule(sequence: Sequence[int], after: Sequence[Sequence[int]], workers: Sequence[int],
+                   host: Sequence[float]) -> List[float]:
+    """When each cell's host part is done, with one host for all workers:
+    a worker queues its cells in ``sequence``'s order, each once the cells
+    in ``after[i]`` are queued; the host takes, whenever it is free, the
+    cell that has been ready longest (the earliest in ``sequence`` among
+    equals).  Worker threads on one GIL take turns like this."""
+    import heapq
+
+    rank = {cell: position for position, cell in enumerate(sequence)}
+    waits_for: List[List[int]] = [list(after[i]) for i in range(len(host))]
+    previous: Dict[int, int] = {}
+    for i in sequence:
+        if workers[i] in previous:
+            waits_for[i].append(previous[workers[i]])
+        previous[workers[i]] = i
+    unmet = [len(set(waiting)) for waiting in waits_for]
+    followers: List[List[int]] = [[] for _ in host]
+    for i, waiting in enumerate(waits_for):
+        for j in set(waiting):
+            followers[j].append(i)
+    ready_at = [0.0] * len(host)
+    done = [0.0] * len(host)
+    heap = [(0.0, rank[i], i) for i in sequence if unmet[i] == 0]
+    heapq.heapify(heap)
+    host_free = 0.0
+    while heap:
+        ready, _, i = heapq.heappop(heap)
+        done[i] = max(ready, host_free) + host[i]
+        host_free = done[i]
+        for j in followers[i]:
+            ready_at[j] = max(ready_at[j], done[i])
+            unmet[j] -= 1
+            if unmet[j] == 0:
+                heapq.heappush(heap, (ready_at[j], rank[j], j))
+    return done
 
 
 def _no_loss(*args):
