@@ -84,13 +84,14 @@ def net_input_of(sample):
 
 
 def predicted_seconds(model, cfg, k, mode, placement, cost, samples, chunk_length=0, micro_batches="1"):
-    """The simulated seconds of the steps of ``samples``; with
-    ``micro_batches="auto"`` each at the count the group would choose
-    under ``cost``."""
+    """The simulated seconds of the steps of ``samples`` under ``cost``;
+    with ``micro_batches="auto"`` each at the count the group chose when it
+    ran (under its own default cost model: the suite gives it no
+    ``--hybrid-cost-model``)."""
     chooser = None
     if micro_batches == AUTO:
         plan = build_plan(",".join(["cpu"] * k), placement, mode, cfg.encoder_layers, cfg.decoder_layers)
-        chooser = ChunkLengthChooser(model, plan, cost, AUTO, chunk_length)
+        chooser = ChunkLengthChooser(model, plan, None, AUTO, chunk_length)
     total = 0.0
     for sample in samples:
         count = chooser(*net_input_of(sample))[1] if chooser else int(micro_batches)

@@ -3,6 +3,7 @@ under a cost model, and a group that chooses still computing the
 single-device step."""
 
 import pytest
+import torch
 
 from conftest import StandInTask, build_model
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
@@ -90,6 +91,28 @@ def test_a_shape_is_chosen_once_and_sentence_counts_share_a_bucket():
 def test_the_default_cost_model_counts_host_time_per_cell():
     cost = default_cost_model()
     assert cost.fixed["lstm/forward"] > 0 and cost.fixed["attention_softmax/backward"] > 0
+    assert default_cost_model([torch.device("cuda", 0), torch.device("cuda", 1)]).fixed == cost.fixed
+
+
+def test_on_cpu_devices_auto_weighs_with_cell_times_measured_on_a_cpu():
+    """On CPU devices a cell pays a fixed cost and a time per LSTM time step
+    far above its op dispatch (planning/cpu_cost_model.json, fitted to
+    measured cells): there, more and smaller cells do not pay, and auto
+    keeps one micro-batch for a batch where FLOPs plus host time alone
+    would split it."""
+    from fairseq_hybrid.parallel import build_plan
+    from fairseq_hybrid.planning.twin_model import batch as twin_batch, twin_model
+
+    cpu = default_cost_model([torch.device("cpu")] * 2)
+    assert cpu.per_step["lstm/forward"] > 0 and cpu.slowdown > 1 and "fitted" in cpu.note
+    model, cfg = twin_model("hybrid_lstm_base", 8000)
+    plan = build_plan("cpu,cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    sample = twin_batch(200, [10] * 200, 10)
+    chooser = ChunkLengthChooser(model, plan, None, "auto", 0)
+    assert chooser.cost.per_step == cpu.per_step
+    times = chooser.predicted_seconds(*sample)
+    assert chooser(*sample) == (0, 1) and times[0, 8] > 1.1 * times[0, 1]
+    assert ChunkLengthChooser(model, plan, default_cost_model(), "auto", 0)(*sample)[1] > 1
 
 
 @pytest.mark.parametrize("micro_batches", ["1", "auto"])

@@ -11,7 +11,8 @@ batch's shape and on the machine, so the group asks the schedule simulator
 (:func:`.schedule_simulator.step_time`, the engine's own cells replayed)
 for each new shape, under the cost model of ``--hybrid-cost-model`` (cell
 times measured on the user's devices by ``benchmarks/simulate_schedule.py
---json``) or :func:`default_cost_model`, and keeps the answer.  Every chunk
+--json``) or :func:`default_cost_model` (one for CPU devices, one for the
+rest), and keeps the answer.  Every chunk
 length computes the same loss and gradients (a layer's chunks chained
 give the whole layer), so the choice changes speed only.  Micro-batches
 are weighed the same way (:data:`MICRO_BATCH_COUNTS`): more of them fill
@@ -24,8 +25,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 from torch import Tensor
 
 from ..parallel import AUTO, DevicePlan, time_chunks
@@ -47,11 +49,20 @@ def measured_host_seconds() -> Dict[str, float]:
         return {kind: float(seconds) for kind, seconds in json.load(file)["seconds"].items()}
 
 
-def default_cost_model() -> CostModel:
-    """Without ``--hybrid-cost-model``: every floating-point operation costs
-    the same (the simulator's default rate) plus the measured host time of
-    each cell call.  Without the host time the finest chunks would always
-    win; a cost model measured on the user's own devices is better still."""
+CPU_COST_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_cost_model.json")
+
+
+def default_cost_model(devices: Sequence[torch.device] = ()) -> CostModel:
+    """Without ``--hybrid-cost-model``.  On CPU devices: a cost model fitted
+    to cell times measured on a CPU (the file says where): there a cell
+    pays a time per LSTM time step and a fixed cost far above its op
+    dispatch, so more, smaller cells rarely pay.  Elsewhere: every
+    floating-point operation costs the same (the simulator's default rate)
+    plus the measured host time of each cell call; without the host time
+    the finest chunks would always win.  A cost model measured on the
+    user's own devices is better still."""
+    if devices and all(torch.device(device).type == "cpu" for device in devices):
+        return CostModel.load(CPU_COST_FILE)
     return CostModel(fixed=measured_host_seconds(),
                      note="floating-point operations plus the engine's host time per cell measured on CPU")
 
@@ -74,7 +85,7 @@ class ChunkLengthChooser:
         self.plan = plan
         self.micro_batches = micro_batches
         self.chunk_length = chunk_length
-        self.cost = cost or default_cost_model()
+        self.cost = cost or default_cost_model(plan.devices)
         self.choices: Dict[Tuple[int, int, int], Tuple[int, int]] = {}
 
     @staticmethod
