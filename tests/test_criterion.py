@@ -9,7 +9,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 
 from conftest import StandInTask, build_model, make_sample
-from fairseq_hybrid.criterions.fused_output_loss import fused_linear_label_smoothed_ce
+from fairseq_hybrid.criterions.fused_output_loss import GradientSink, fused_linear_label_smoothed_ce
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 
 
@@ -77,6 +77,52 @@ def test_fused_loss_equals_fairseq_on_the_same_logits():
     assert correct == lprobs.argmax(1)[mask].eq(target.view(-1)[mask]).sum()
     for got, t in zip(fused_grads, (features, weight, bias)):
         torch.testing.assert_close(got, t.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_calls_sharing_a_gradient_sink_keep_one_weight_gradient():
+    """Pieces of a batch whose losses are added (a group's cells on one
+    device) give the gradients of separate calls, while each call keeps
+    only its features' gradient: the output layer's (V x D) is summed into
+    one matrix, handed out once and released."""
+    torch.manual_seed(0)
+    features = [torch.randn(6, 16, requires_grad=True) for _ in range(4)]
+    weight = torch.randn(40, 16, requires_grad=True)
+    bias = torch.randn(40, requires_grad=True)
+    targets = [torch.randint(0, 40, (6,)) for _ in range(4)]
+
+    def total(sink):
+        return sum(fused_linear_label_smoothed_ce(x, weight, bias, y, 0.1, None, 4, sink=sink)[0]
+                   for x, y in zip(features, targets))
+
+    total(None).backward(torch.tensor(3.0))
+    separate = [t.grad.clone() for t in features + [weight, bias]]
+    for t in features + [weight, bias]:
+        t.grad = None
+    sink = GradientSink()
+    shared = total(sink)
+    saved = [len(node.saved_tensors) for node in _fused_nodes(shared)]
+    assert saved == [1] * 4  # features' gradient only, where each call kept three
+    assert sink.weight.shape == weight.shape and sink.weight.abs().sum() > 0
+    shared.backward(torch.tensor(3.0))
+    assert sink.weight is None and sink.bias is None  # handed out and released
+    for got, want in zip([t.grad for t in features + [weight, bias]], separate):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="one step"):
+        sink.buffers(weight, torch.float32)
+
+
+def _fused_nodes(output):
+    """The fused loss's autograd nodes under ``output``."""
+    found, stack, seen = [], [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "FusedLinearLabelSmoothedCEBackward":
+            found.append(node)
+        stack += [next_node for next_node, _ in node.next_functions]
+    return found
 
 
 def test_fused_loss_without_grad_stores_nothing():

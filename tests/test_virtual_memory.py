@@ -59,3 +59,30 @@ def test_a_hybrid_group_spreads_a_steps_memory(tmp_path, micro_batches):
     assert sum(h["parameters"] for h in held) == rows["one device"]["held"][0]["parameters"]
     assert held[1]["replica_parameters"] > 0  # the attention-softmax replica on the second device
     assert "| hybrid, 2 devices" in (out / "memory.md").read_text()
+
+
+def test_a_devices_loss_cells_keep_one_output_layer_gradient():
+    """Each attention-softmax cell (one per batch shard, time chunk and
+    micro-batch) computes its output layer's gradient in forward; a
+    device's cells sum it into one matrix (GradientSink) instead of each
+    holding its own until backward.  With a vocabulary large enough for
+    that matrix to dominate, 4 micro-batches of 7 time chunks each (28
+    cells on each device) peak at a few matrices, not 28."""
+    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    from fairseq_hybrid.harness.measuring import backward_step, on_device
+    from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
+
+    source, target = make_dictionary(40), make_dictionary(8000)
+    matrix = len(target) * 32 * 4  # the output layer's weight (hybrid_lstm_tiny: 32 features), fp32 bytes
+    with virtual_devices() as harness:
+        torch.manual_seed(0)
+        model = build_model("hybrid_lstm_tiny", source, target, hybrid_devices="cpu:0,cpu:1", hybrid_chunk_length=1,
+                            hybrid_micro_batches=4)
+        criterion = HybridCrossEntropyCriterion(StandInTask(source, target), False, 0.1)
+        sample = on_device(make_sample(source, target, [5] * 8, [6] * 8), "cpu:0")
+        backward_step(model, criterion, sample)  # replicas made, gradients allocated
+        harness.memory.reset_peaks()
+        backward_step(model, criterion, sample)
+        peaks = [harness.memory.peak(device) for device in (0, 1)]
+    # parameters, their gradients and a replica are about 3 matrices; the cells' sums one more
+    assert max(peaks) < 8 * matrix, [peak / matrix for peak in peaks]

@@ -16,6 +16,12 @@ ignored): with ``a = 1 - eps - eps_i`` and ``eps_i = eps / (V - 1)``,
 ``loss = a * nll + eps_i * smooth``, ``nll = lse - x_y``,
 ``smooth = V * lse - sum_v x_v``, whose gradient with respect to logit
 ``x_v`` is ``p_v (a + eps_i V) - eps_i - a [v = y]``.
+
+Each call keeps its weight's gradient (V x D, 125 MiB at a 32k vocabulary
+and 1024 features) from its forward to its backward.  A hybrid group calls
+it once per (batch shard, time chunk, micro-batch), so a device would hold
+one such matrix per cell it runs; a :class:`GradientSink` shared by a
+device's calls holds one in all.
 """
 
 from typing import NamedTuple, Optional, Tuple
@@ -24,9 +30,43 @@ import torch
 from torch import Tensor
 
 
+class GradientSink:
+    """One weight and bias gradient for the fused-loss calls of one step on
+    the same parameters, whose losses are added into one total (the hybrid
+    engine's cells on one device): each call adds its gradients here in its
+    forward instead of keeping its own, and the first of their backward
+    calls hands out the sum scaled by its incoming gradient, the others
+    none.  The sum of the calls' losses gets the same incoming gradient in
+    every call, so this is their gradient's sum, in another order of
+    addition.  One per device and step: a device's cells run forward, and
+    then backward, on one thread."""
+
+    def __init__(self):
+        self.weight: Optional[Tensor] = None
+        self.bias: Optional[Tensor] = None
+        self.taken = False
+
+    def buffers(self, weight: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        """The sums to add a call's gradients into (zeros at the first)."""
+        if self.taken:
+            raise RuntimeError("a GradientSink serves one step: its gradient was already handed out")
+        if self.weight is None:
+            self.weight = torch.zeros_like(weight, dtype=dtype)
+            self.bias = torch.zeros(weight.size(0), dtype=dtype, device=weight.device)
+        return self.weight, self.bias
+
+    def take(self) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """The sums, once; ``(None, None)`` after (and released here)."""
+        if self.taken:
+            return None, None
+        self.taken = True
+        weight, bias, self.weight, self.bias = self.weight, self.bias, None, None
+        return weight, bias
+
+
 class FusedLinearLabelSmoothedCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, features, weight, bias, target, epsilon, chunk_rows, want_correct):
+    def forward(ctx, features, weight, bias, target, epsilon, chunk_rows, want_correct, sink=None):
         num_classes = weight.size(0)
         eps_i = epsilon / (num_classes - 1)
         a = 1.0 - epsilon - eps_i
@@ -38,8 +78,11 @@ class FusedLinearLabelSmoothedCE(torch.autograd.Function):
         correct = torch.zeros((), dtype=torch.long, device=features.device)
         if needs_grad:
             grad_features = torch.empty_like(features)
-            grad_weight = torch.zeros_like(weight, dtype=dtype)
-            grad_bias = torch.zeros(num_classes, dtype=dtype, device=weight.device)
+            if sink is not None:
+                grad_weight, grad_bias = sink.buffers(weight, dtype)
+            else:
+                grad_weight = torch.zeros_like(weight, dtype=dtype)
+                grad_bias = torch.zeros(num_classes, dtype=dtype, device=weight.device)
         for start in range(0, features.size(0), chunk_rows):
             rows = features[start : start + chunk_rows]
             labels = target[start : start + chunk_rows]
@@ -67,18 +110,29 @@ class FusedLinearLabelSmoothedCE(torch.autograd.Function):
                 grad_features[start : start + chunk_rows] = grad.to(rows.dtype) @ weight
                 grad_weight.addmm_(grad.t(), rows.to(dtype))
                 grad_bias += grad.sum(0)
-        if needs_grad:
+        ctx.sink = sink
+        if needs_grad and sink is not None:
+            ctx.save_for_backward(grad_features)
+        elif needs_grad:
             ctx.save_for_backward(grad_features, grad_weight.to(weight.dtype), grad_bias.to(bias.dtype))
+        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, bias.dtype
         ctx.mark_non_differentiable(nll, correct)
         return loss, nll, correct
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll, _grad_correct):
-        grad_features, grad_weight, grad_bias = ctx.saved_tensors
+        if ctx.sink is not None:
+            (grad_features,) = ctx.saved_tensors
+            grad_weight, grad_bias = ctx.sink.take()
+            if grad_weight is not None:
+                grad_weight, grad_bias = grad_weight.to(ctx.weight_dtype), grad_bias.to(ctx.bias_dtype)
+        else:
+            grad_features, grad_weight, grad_bias = ctx.saved_tensors
         return (
             grad_features * grad_loss.to(grad_features.dtype),
-            grad_weight * grad_loss.to(grad_weight.dtype),
-            grad_bias * grad_loss.to(grad_bias.dtype),
+            None if grad_weight is None else grad_weight * grad_loss.to(grad_weight.dtype),
+            None if grad_bias is None else grad_bias * grad_loss.to(grad_bias.dtype),
+            None,
             None,
             None,
             None,
@@ -120,13 +174,16 @@ def fused_linear_label_smoothed_ce(
     chunk_rows: int = 256,
     want_correct: bool = False,
     kept: Optional[KeptTargets] = None,
+    sink: Optional[GradientSink] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Summed ``(loss, nll_loss, n_correct, n_counted)`` of
     ``label_smoothed_nll_loss(log_softmax(features @ weight.T + bias), target)``.
 
     ``features`` ... x D and ``target`` ... of the same leading shape.
     Positions whose target is ``ignore_index`` are dropped before any work;
-    ``kept`` gives them ready-made (``target`` is then not read).
+    ``kept`` gives them ready-made (``target`` is then not read).  ``sink``:
+    where the weight's and bias's gradients are summed with those of other
+    calls whose losses are added to this one (see :class:`GradientSink`).
     """
     features = features.reshape(-1, features.size(-1))
     if kept is None:
@@ -134,6 +191,6 @@ def fused_linear_label_smoothed_ce(
     if kept.positions.numel() < features.size(0):
         features = features.index_select(0, kept.positions)
     loss, nll, correct = FusedLinearLabelSmoothedCE.apply(
-        features, weight, bias, kept.labels, float(epsilon), int(chunk_rows), bool(want_correct)
+        features, weight, bias, kept.labels, float(epsilon), int(chunk_rows), bool(want_correct), sink
     )
     return loss, nll, correct, kept.count

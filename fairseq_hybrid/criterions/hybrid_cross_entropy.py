@@ -27,7 +27,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from torch import Tensor
 
-from .fused_output_loss import KeptTargets, fused_linear_label_smoothed_ce
+from .fused_output_loss import GradientSink, KeptTargets, fused_linear_label_smoothed_ce
 
 
 @dataclass
@@ -51,16 +51,18 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         self.chunk_rows = output_loss_chunk_rows
 
     def shard_loss(self, features: Tensor, weight: Tensor, bias: Tensor, target: Tensor,
-                   kept: Optional[KeptTargets] = None) -> Tuple[Tensor, ...]:
+                   kept: Optional[KeptTargets] = None, sink: Optional[GradientSink] = None) -> Tuple[Tensor, ...]:
         """Summed ``(loss, nll_loss, n_correct, total)`` of one piece of the
         batch (some sentences, some target positions).  ``kept``: the
         positions that count, found ahead (see :class:`KeptTargets`).
         Nothing here makes the host wait for the device when ``kept`` is
-        given."""
+        given.  ``sink``: where the output layer's gradient is summed with
+        the other pieces' on this device (see :class:`GradientSink`; the
+        fused loss only)."""
         if self.chunk_rows > 0:
             return fused_linear_label_smoothed_ce(
                 features, weight, bias, target, self.eps, self.padding_idx, self.chunk_rows, self.report_accuracy,
-                kept=kept,
+                kept=kept, sink=sink,
             )
         lprobs = utils.log_softmax(F.linear(features, weight, bias), dim=-1)
         lprobs = lprobs.reshape(-1, lprobs.size(-1))

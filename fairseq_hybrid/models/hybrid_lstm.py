@@ -171,8 +171,10 @@ class HybridLSTMDecoder(FairseqIncrementalDecoder):
 
 # The loss over a shard of the attention-softmax part: (attentional features
 # B' x T x D, output weight V x D, output bias V, target B' x T) -> tuple of
-# summed scalars.  Sums add up across shards.
-ShardLoss = Callable[[Tensor, Tensor, Tensor, Tensor], Tuple[Tensor, ...]]
+# summed scalars.  Sums add up across shards.  A hybrid group's cells also
+# pass the positions that count and their device's gradient sink
+# (criterions/fused_output_loss.py).
+ShardLoss = Callable[..., Tuple[Tensor, ...]]
 
 
 @register_model("hybrid_lstm", dataclass=HybridLSTMConfig)

@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..criterions.fused_output_loss import KeptTargets, kept_targets
+from ..criterions.fused_output_loss import GradientSink, KeptTargets, kept_targets
 from ..sorted_packing import chunk_lengths, sorted_layout
 from .batch_shards import batch_slices, sum_on
 from .cell_graph import Cell, DeviceUsage, Work, run_cells
@@ -221,6 +221,9 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     # the one before it (the simulator's best for the paper's setting lay
     # between a 4th and a 3rd of them, whatever the chunk length).
     stagger = max(1, round(len(time_chunks(net_input["src_tokens"].size(1), chunk_length, plan.size)) / plan.size))
+    # each device's attention-softmax cells, of every micro-batch and time chunk, sum their output layer's
+    # gradient into one matrix instead of keeping one each from forward to backward
+    sinks = {worker: GradientSink() for worker in range(plan.size)}
     for part in micro_batches_of(net_input, target, masks, micro_batches, model.decoder.dictionary.pad()):
         step.prefix, step.not_before = part.name, part.index * stagger
         batch = _Batch(model, plan, part.net_input, part.target, chunk_length, part.masks)
@@ -228,7 +231,7 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
         encoder_shards = _add_encoder_top(step, batch, encoder_output)
         decoder_chunks = _add_decoder(step, batch, final_states)
         shard_outputs, attention_uses = _add_attention_softmax(step, batch, shard_loss, encoder_shards,
-                                                               decoder_chunks)
+                                                               decoder_chunks, sinks)
         outputs += shard_outputs
         uses += attention_uses + direction_uses
     step.prefix, step.not_before = "", 0
@@ -408,11 +411,14 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
 
 
 def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder_shards: int,
-                           decoder_chunks: List[int]) -> Tuple[List[int], List[ReplicaUse]]:
+                           decoder_chunks: List[int], sinks: Dict[int, GradientSink]
+                           ) -> Tuple[List[int], List[ReplicaUse]]:
     """One cell per (batch shard, time chunk): the shard's device starts on
     a chunk as soon as the top decoder layer has produced it, with its own
     replica of the attention-softmax parameters (the master's own worker
-    with the master)."""
+    with the master), summing its output layer's gradient into its
+    device's sink (``sinks``, by worker; the loss's cells are added into
+    one total, :class:`GradientSink`)."""
     model, plan = step.model, step.plan
     encoder, decoder = model.encoder.stack, model.decoder.stack
     part = model.decoder.attention_softmax
@@ -428,7 +434,7 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
                 replica = part if worker == master_worker else replicas.on(worker, device, step)
                 features, _ = replica.features(states, encoder_states, batch.padding_masks[k])
                 return shard_loss(features, replica.output_weight, replica.output_bias, batch.targets[k][c],
-                                  batch.kept[k][c])
+                                  batch.kept[k][c], sinks[worker])
 
             inputs = [step.ref(decoder_chunks[c], shard), step.ref(encoder_shards, shard)]
             work = Work("attention_softmax", (rows.stop - rows.start) * (chunk.stop - chunk.start),
