@@ -10,7 +10,7 @@ next to nothing, for K = 1, 2 and 4 workers and several chunk counts, and
 reports per cell, forward and backward:
 
 * ``cell_us``: the cell's own call (its module code and torch ops), from
-  the engine's cell trace;
+  the engine's cell trace (the median of its calls);
 * ``ops``: aten ops per cell (counted in a separate run) and ``op_us``, the
   host cost of one small op on this machine, timed alone, so ``ops x
   op_us`` is the share of torch dispatch;
@@ -132,7 +132,8 @@ def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int, 
     outside = statistics.mean((step * steps - busy[w]) / per_worker_cells[w] for w in per_worker_cells)
     return {
         "k": k, "chunk_length": chunk_length, "cells_per_step": cells, "step_ms": step * 1e3,
-        "cell_us": {key: statistics.mean(values) * 1e6 for key, values in sorted(per_kind.items())},
+        # the median: a shared host's pauses would pull a mean up
+        "cell_us": {key: statistics.median(values) * 1e6 for key, values in sorted(per_kind.items())},
         "outside_cells_us_per_cell": outside * 1e6,
     }
 

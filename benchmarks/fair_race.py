@@ -9,7 +9,7 @@ sentences per step on its K devices.  Both are set against one device at
 one batch (``hybrid_lstm_paper``, 32k vocabulary, 128 sentences of 50 + 50
 tokens) and measured in tokens per second.
 
-Two tables, from the schedule simulator replaying the engine's own cells
+From the schedule simulator replaying the engine's own cells
 (``fairseq_hybrid/planning/``):
 
 1. the dependency bound (every FLOP costs the same, nothing else costs) of
@@ -22,21 +22,24 @@ Two tables, from the schedule simulator replaying the engine's own cells
 2. the group at K x 128 sentences at its best chunk length and count of
    micro-batches (searched placement) against DDP at 128 per GPU, under
    the P100 and A100 cost sets of ``benchmarks/predict_speedups.py``, with
-   the host time per cell of ``--host-cost``.
-
+   the host time per cell of ``--host-cost`` (at K = 4 also for the model
+   without its bidirectional layer);
 3. with ``--data`` (a binarized corpus, e.g. the main job's
    ``work/tatoeba_ja_en/bin``): both on real batches, drawn as fairseq's
    batch sampler draws them at ``--max-tokens`` per GPU (default 6400, the
    paper's 128 x 50): DDP's K ranks each get a batch of their own and every
    step waits for the slowest (its stragglers); the group's step takes a
    batch drawn at K x ``--max-tokens``, and, for comparison, the same K
-   batches merged.
+   batches merged;
+4. the simulator in GNMT v2's published setting (4 x V100, fp32) beside
+   its published DDP speed-up: the calibration of DDP's prediction.
 
 An LSTM cell of fewer sentences than 128 runs at the lower throughput a
 GPU reaches there (``fairseq_hybrid/planning/lstm_batch_efficiency.json``,
-from DeepBench): micro-batches are not free.  What it leaves out: the host
-queueing kernels ahead of the device (the host time is added to each
-cell).
+from DeepBench): micro-batches are not free.  The host time per cell is
+read two ways (``--host-models``, ``fairseq_hybrid/planning/gpu_costs.py``):
+queued ahead of the devices by one host that the group's worker threads
+share (the GIL), and summed with each cell's device time (pessimistic).
 
     .venv/bin/python benchmarks/fair_race.py --host-cost docs/bench/host_cost.json \
         --data work/tatoeba_ja_en/bin --out docs/bench
@@ -59,8 +62,8 @@ from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import build_hybrid_step, build_plan
 from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, owned_bytes,
                                                        speedup)
-from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, a100_rate, best_chunk_length, cost_set,
-                                               host_fixed, predicted_step)
+from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
+                                               HOST_MODELS, best_chunk_length, predicted_step, set_costs, set_rate)
 from fairseq_hybrid.planning.placement_search import best_placement
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
@@ -68,15 +71,13 @@ from fairseq_hybrid.planning.twin_model import batch, twin_model
 PER_GPU = (128, 50, 50)  # sentences, source and target tokens of one GPU's batch
 
 
-def one_device_cost(args, name: str, model, cfg, per_gpu):
-    """The cost set ``name``'s latency per LSTM time step, FLOP rate (the
-    A100 set's solved for ``--one-device-tokens-per-s``) and one device's
-    cost model, with the host time of one worker."""
+def set_of(args, name: str, model, cfg, per_gpu, host_model: str):
+    """The cost set ``name`` under ``host_model``: a function of K giving
+    the group's and one device's cost models (the A100 set's rate solved
+    for ``--one-device-tokens-per-s`` on one device)."""
     step_us = 20.0 if name == "p100" else 10.0
-    fixed_one = host_fixed(args.host_cost, 1)
-    rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, per_gpu, fixed_one, step_us,
-                                                         args.one_device_tokens_per_s)
-    return step_us, rate, cost_set(name, fixed_one, step_us, rate)
+    rate = set_rate(name, model, cfg, per_gpu, args.host_cost, step_us, host_model, args.one_device_tokens_per_s)
+    return lambda k: set_costs(name, args.host_cost, k, step_us, rate, host_model)
 
 
 def busiest_share(model, cfg, k: int, placement: str, sample, chunk_length: int, micro_batches: int) -> float:
@@ -146,19 +147,20 @@ def bound_table(args, sample) -> Dict:
     return rows
 
 
-def race_table(args) -> Dict:
+def race_table(args, host_model: str) -> Dict:
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
     gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
     report: Dict = {}
     for name in ("p100", "a100"):
-        step_us, rate, one_cost = one_device_cost(args, name, model, cfg, per_gpu)
+        costs = set_of(args, name, model, cfg, per_gpu, host_model)
+        one_cost = costs(1)[1]
         one = predicted_step(model, cfg, 1, "hybrid", one_cost, *per_gpu)
         rows = {}
         for k in args.groups:
             sentences = k * PER_GPU[0]
             merged = batch(sentences, [PER_GPU[1]] * sentences, PER_GPU[2])
-            cost = cost_set(name, host_fixed(args.host_cost, k), step_us, rate)
+            cost = costs(k)[0]
             group = best_group(model, cfg, k, cost, merged, args.micro_batches, args.lengths)
             ddp = data_parallel_step(one, gradient_bytes, k, one_cost)
             rows[f"K={k}"] = {
@@ -173,8 +175,19 @@ def race_table(args) -> Dict:
                                                                                         one_cost), 8),
                                                  "group": speedup(one, two, 8), **{key: group[key] for key in (
                                                      "micro_batches", "chunk_length", "placement")}}
-            print(f"{name} K={k}: DDP {rows[f'K={k}']['ddp']:.2f}x, group {rows[f'K={k}']['group']:.2f}x "
+            print(f"{name} ({host_model} host) K={k}: DDP {rows[f'K={k}']['ddp']:.2f}x, group {rows[f'K={k}']['group']:.2f}x "
                   f"(M={group['micro_batches']}, chunk {group['chunk_length']})", flush=True)
+            if k == 4 and args.plain:
+                # the same race for the model without its bidirectional layer (an existing option), each side
+                # against one device running that model
+                plain, plain_cfg = twin_model("hybrid_lstm_paper", args.vocabulary, encoder_bidirectional_layers=0)
+                plain_one = predicted_step(plain, plain_cfg, 1, "hybrid", one_cost, *per_gpu)
+                plain_group = best_group(plain, plain_cfg, 4, cost, merged, args.micro_batches, args.lengths)
+                plain_bytes = 4.0 * sum(p.numel() for p in plain.parameters())
+                rows["K=4, --encoder-bidirectional-layers 0"] = {
+                    "ddp": speedup(plain_one, data_parallel_step(plain_one, plain_bytes, 4, one_cost), 4),
+                    "group": speedup(plain_one, plain_group["step"], 4),
+                    **{key: plain_group[key] for key in ("micro_batches", "chunk_length", "placement")}}
         report[name] = rows
     return report
 
@@ -202,7 +215,51 @@ def tokens_of(parts: Sequence[Tuple[List[int], List[int]]]) -> int:
     return sum(sum(sources) + sum(targets) for sources, targets in parts)
 
 
-def straggler_table(args, placements: Dict[str, Dict[int, str]]) -> Dict:
+def ddp_on_real_batches(ones, parts, k: int, steps: int, gradient_bytes: float, one_cost: CostModel) -> float:
+    """DDP's tokens/s over one device's on real batches: ``steps`` steps of
+    K ``parts`` each, every step waiting for its slowest rank (``ones``:
+    one device's step on each part)."""
+    one_rate = tokens_of(parts) / sum(one.total for one in ones)
+    ddp_seconds = sum(data_parallel_step_of(ones[i * k:(i + 1) * k], gradient_bytes, one_cost).total
+                      for i in range(steps))
+    return tokens_of(parts[:steps * k]) / ddp_seconds / one_rate
+
+
+def gnmt_calibration(args, per_gpu_batches=None) -> Dict:
+    """The simulator in GNMT v2's published setting, against its DDP
+    figure on 4 V100 (fp32, batch 128 per GPU, NVLink): a model of its
+    shape (4 x 1024 LSTM, the bottom encoder layer bidirectional, 1024-wide
+    embeddings, 32k vocabulary), the ``v100`` cost set with its FLOP rate
+    solved for GNMT v2's one-V100 tokens/s, 128 sentences of 50 + 50 tokens
+    per GPU; DDP ideal, DDP waiting for its slowest rank on real batches
+    (with ``--data``), and a group of 4 at 4 x 128 beside them."""
+    model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary, encoder_embed_dim=1024, decoder_embed_dim=1024)
+    per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
+    host_model = args.host_models[0]
+    step_us = 10.0
+    rate = set_rate("v100", model, cfg, per_gpu, args.host_cost, step_us, host_model, GNMT_V100_TOKENS_PER_S)
+    group_cost, one_cost = set_costs("v100", args.host_cost, 4, step_us, rate, host_model)
+    one = predicted_step(model, cfg, 1, "hybrid", one_cost, *per_gpu)
+    gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    report: Dict = {"published_ddp": list(GNMT_V100_DDP_4), "flop_rate": rate, "host_model": host_model,
+                    "one_device_tokens_per_s": GNMT_V100_TOKENS_PER_S,
+                    "parameters": sum(p.numel() for p in model.parameters()),
+                    "ddp": speedup(one, data_parallel_step(one, gradient_bytes, 4, one_cost), 4)}
+    if per_gpu_batches:
+        steps = min(args.real_steps, len(per_gpu_batches) // 4)
+        ones = [predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([part])) for part in per_gpu_batches]
+        report["ddp_real_batches"] = ddp_on_real_batches(ones, per_gpu_batches, 4, steps, gradient_bytes, one_cost)
+    merged = batch(4 * PER_GPU[0], [PER_GPU[1]] * 4 * PER_GPU[0], PER_GPU[2])
+    group = best_group(model, cfg, 4, group_cost, merged, args.micro_batches, args.lengths)
+    report["group"] = speedup(one, group["step"], 4)
+    report.update({key: group[key] for key in ("micro_batches", "chunk_length", "placement")})
+    print(f"GNMT v2's setting, 4 x V100: DDP {report['ddp']:.2f}x (published {GNMT_V100_DDP_4[0]}-"
+          f"{GNMT_V100_DDP_4[1]}x), on real batches {report.get('ddp_real_batches', float('nan')):.2f}x; "
+          f"group {report['group']:.2f}x", flush=True)
+    return report
+
+
+def straggler_table(args, placements: Dict[str, Dict[int, str]], per_gpu_batches) -> Dict:
     """DDP and the group on real batches, in tokens/s over one device's on
     the per-GPU batches: DDP's step takes K of them and waits for its
     slowest rank; the group's step takes a batch drawn at K x
@@ -211,28 +268,26 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]]) -> Dict:
     to the longest), each at its best count of micro-batches and chunk
     length (the placement found at equal batches)."""
     steps = args.real_steps
-    per_gpu_batches = real_batches(args.data, args.max_tokens, steps * max(args.groups))
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
     gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
-    report: Dict = {"max_tokens": args.max_tokens, "steps": steps,
+    report: Dict = {"max_tokens": args.max_tokens, "steps": steps, "host_model": args.host_models[0],
                     "sentences_per_batch": sum(len(part[0]) for part in per_gpu_batches) / len(per_gpu_batches)}
     group_batches = {k: real_batches(args.data, k * args.max_tokens, steps) for k in args.groups}
     for name in ("p100", "a100"):
-        step_us, rate, one_cost = one_device_cost(args, name, model, cfg, per_gpu)
+        costs = set_of(args, name, model, cfg, per_gpu, args.host_models[0])
+        one_cost = costs(1)[1]
         ones = [predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([part])) for part in per_gpu_batches]
         one_rate = tokens_of(per_gpu_batches) / sum(one.total for one in ones)  # tokens/s of one device
         rows = {}
         for k in args.groups:
-            cost = cost_set(name, host_fixed(args.host_cost, k), step_us, rate)
+            cost = costs(k)[0]
 
             def group_seconds(parts):
                 return best_group(model, cfg, k, cost, as_batch(parts), args.micro_batches, (0, 0),
                                   placement=placements[name][k])["step"].total
 
-            ddp_seconds = sum(data_parallel_step_of(ones[i * k:(i + 1) * k], gradient_bytes, one_cost).total
-                              for i in range(steps))
-            ddp_rate = tokens_of(per_gpu_batches[:steps * k]) / ddp_seconds
+            ddp_rate = ddp_on_real_batches(ones, per_gpu_batches, k, steps, gradient_bytes, one_cost) * one_rate
             own_rate = tokens_of(group_batches[k]) / sum(group_seconds([part]) for part in group_batches[k])
             merged_rate = tokens_of(per_gpu_batches[:steps * k]) / sum(
                 group_seconds(per_gpu_batches[i * k:(i + 1) * k]) for i in range(steps))
@@ -256,24 +311,29 @@ def markdown(report: Dict) -> str:
         default, auto = row["default"], row["auto"]
         lines.append(f"| {name} | {default['bound']:.2f}x | {default['busiest_share']:.1%} | {auto['bound']:.2f}x | "
                      f"{auto['busiest_share']:.1%} |")
-    lines += ["", "At the same global batch: DDP at 128 sentences per GPU, the group at K x 128 per step at its "
-              "best count of micro-batches and chunk length (placement by `--hybrid-placement auto`); speed-up "
-              "in tokens/s over one GPU at 128, host time per cell measured on CPU:", "",
-              "| GPUs | P100 set: DDP | group | A100 set: DDP | group | group's M, chunk length (P100; A100) |",
-              "| --- | ---: | ---: | ---: | ---: | --- |"]
-    for name in report["race"]["p100"]:
-        p, a = report["race"]["p100"][name], report["race"]["a100"][name]
-        lines.append(f"| {name} | {p['ddp']:.2f}x | {p['group']:.2f}x | {a['ddp']:.2f}x | {a['group']:.2f}x | "
-                     f"{p['micro_batches']}, {p['chunk_length']}; {a['micro_batches']}, {a['chunk_length']} |")
-    lines += ["", "Placements: " + "; ".join(f"{name} {row['placement'] or 'default'}"
-                                             for name, row in report["race"]["p100"].items()),
-              "", "LSTM cells of fewer than 128 sentences run at a GPU's lower throughput there (DeepBench). Not "
-              "in these figures: DDP's stragglers (below, on real batches), the host queueing ahead of the "
-              "device."]
+    readings = {"queued": "the host queueing each cell ahead of the devices, one host for the group's workers "
+                          "(one worker's host time per cell, measured on CPU, the LSTM kernel call as one op)",
+                "summed": "the host time per cell measured with K workers on CPU added to each cell's device time "
+                          "(the pessimistic end)"}
+    for host_model, race in report["race"].items():
+        lines += ["", "At the same global batch: DDP at 128 sentences per GPU, the group at K x 128 per step at its "
+                  "best count of micro-batches and chunk length (placement by `--hybrid-placement auto`); speed-up "
+                  f"in tokens/s over one GPU at 128; {readings[host_model]}:", "",
+                  "| GPUs | P100 set: DDP | group | A100 set: DDP | group | group's M, chunk length (P100; A100) |",
+                  "| --- | ---: | ---: | ---: | ---: | --- |"]
+        for name in race["p100"]:
+            p, a = race["p100"][name], race["a100"][name]
+            lines.append(f"| {name} | {p['ddp']:.2f}x | {p['group']:.2f}x | {a['ddp']:.2f}x | {a['group']:.2f}x | "
+                         f"{p['micro_batches']}, {p['chunk_length']}; {a['micro_batches']}, {a['chunk_length']} |")
+        lines += ["", "Placements: " + "; ".join(f"{name} {row['placement'] or 'default'}"
+                                                 for name, row in race["p100"].items())]
+    lines += ["", "LSTM cells of fewer than 128 sentences run at a GPU's lower throughput there (DeepBench). Not in "
+              "these figures: DDP's stragglers (below, on real batches)."]
     real = report.get("real_batches")
     if real:
         lines += ["", f"On real batches, drawn by fairseq's batch sampler ({real['steps']} steps; per GPU `--max-tokens "
-                  f"{real['max_tokens']}`, {real['sentences_per_batch']:.0f} sentences a batch on average): DDP's "
+                  f"{real['max_tokens']}`, {real['sentences_per_batch']:.0f} sentences a batch on average; host "
+                  f"{real['host_model']}): DDP's "
                   "ranks each take a batch and wait for the slowest; the group takes a batch of K x "
                   "`--max-tokens` (in brackets: the same K batches merged, padded to the longest); tokens/s over "
                   "one GPU's on the per-GPU batches:", "",
@@ -282,11 +342,32 @@ def markdown(report: Dict) -> str:
             p, a = real["p100"][name], real["a100"][name]
             lines.append(f"| {name} | {p['ddp']:.2f}x | {p['group']:.2f}x ({p['group_merged']:.2f}x) | "
                          f"{a['ddp']:.2f}x | {a['group']:.2f}x ({a['group_merged']:.2f}x) |")
+    gnmt = report.get("gnmt_v100")
+    if gnmt:
+        real = f"{gnmt['ddp_real_batches']:.2f}x" if "ddp_real_batches" in gnmt else "not run (no `--data`)"
+        lines += ["", "Calibration in GNMT v2's published setting (4 x V100, fp32, NVLink, 128 sentences per GPU; a "
+                  f"model of its shape, {gnmt['parameters'] / 1e6:.0f}M parameters; FLOP rate "
+                  f"{gnmt['flop_rate'] / 1e12:.1f} TFLOP/s solved for its {gnmt['one_device_tokens_per_s'] / 1e3:.2f}k "
+                  f"tokens/s on one V100; host {gnmt['host_model']}):", "",
+                  "| | speed-up on 4 GPUs |", "| --- | ---: |",
+                  f"| published, DDP | {gnmt['published_ddp'][0]:.2f}-{gnmt['published_ddp'][1]:.2f}x |",
+                  f"| predicted, DDP at 128 x 50 + 50 per GPU | {gnmt['ddp']:.2f}x |",
+                  f"| predicted, DDP waiting for its slowest rank on the real batches above | {real} |",
+                  f"| predicted, group of 4 at 4 x 128 (M = {gnmt['micro_batches']}, chunk length "
+                  f"{gnmt['chunk_length']}) | {gnmt['group']:.2f}x |"]
     return "\n".join(lines) + "\n"
 
 
 def integers(text: str) -> List[int]:
     return [int(value) for value in text.split(",") if value.strip()]
+
+
+def host_models(text: str) -> List[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in HOST_MODELS:
+            raise argparse.ArgumentTypeError(f"{name!r}: each one of {', '.join(HOST_MODELS)}")
+    return names
 
 
 def main(argv=None) -> int:
@@ -301,20 +382,33 @@ def main(argv=None) -> int:
                         help="chunk lengths to try (default: --hybrid-chunk-length auto's candidates)")
     parser.add_argument("--groups", type=integers, default=[2, 4], help="group sizes K (default 2,4)")
     parser.add_argument("--no-eight", dest="eight", action="store_false", help="leave out 2 groups x 4 on 8 GPUs")
+    parser.add_argument("--no-plain", dest="plain", action="store_false",
+                        help="leave out K = 4 without the bidirectional layer (--encoder-bidirectional-layers 0)")
     parser.add_argument("--data", help="a binarized ja-en corpus: also race on its batches, DDP's stragglers included")
     parser.add_argument("--max-tokens", type=int, default=6400, help="per GPU, for --data (default 6400: 128 x 50)")
     parser.add_argument("--real-steps", type=int, default=8, help="steps of K real batches each (default 8)")
+    parser.add_argument("--host-models", type=host_models, default=list(HOST_MODELS),
+                        help="how the host time is priced, the first also on real batches (default queued,summed: "
+                        "queued ahead of the devices on one host shared by the workers; summed with the device "
+                        "time, the pessimistic end)")
+    parser.add_argument("--no-gnmt", dest="gnmt", action="store_false",
+                        help="leave out the calibration in GNMT v2's published setting (4 x V100)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     if args.data and not os.path.isdir(args.data):
         parser.error(f"--data {args.data}: {measuring.NO_DATA}")
     started = time.time()
     sample = batch(4 * PER_GPU[0], [PER_GPU[1]] * 4 * PER_GPU[0], PER_GPU[2])
-    report = {"bounds": bound_table(args, sample), "race": race_table(args)}
+    report = {"bounds": bound_table(args, sample),
+              "race": {host_model: race_table(args, host_model) for host_model in args.host_models}}
+    per_gpu_batches = None
     if args.data:
+        per_gpu_batches = real_batches(args.data, args.max_tokens, args.real_steps * max(args.groups + [4]))
         placements = {name: {k: rows[f"K={k}"]["placement"] for k in args.groups}
-                      for name, rows in report["race"].items()}
-        report["real_batches"] = straggler_table(args, placements)
+                      for name, rows in report["race"][args.host_models[0]].items()}
+        report["real_batches"] = straggler_table(args, placements, per_gpu_batches)
+    if args.gnmt:
+        report["gnmt_v100"] = gnmt_calibration(args, per_gpu_batches)
     report["minutes"] = (time.time() - started) / 60
     text = markdown(report)
     print(text)

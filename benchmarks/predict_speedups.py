@@ -26,9 +26,14 @@ step with a bucketed ring all-reduce overlapped with backward
 Both take the host time per cell from ``--host-cost`` (the JSON of
 ``benchmarks/bench_host_cost.py``: the cell's own call plus the engine's time
 outside the cells, per cell, on the CPU it ran on) in place of an assumed
-cost per cell call; on a GPU the host queues ops asynchronously, so the
-host time is a floor under each cell there, and adding it to the cell's
-device time, as the simulator does, is the pessimistic end.
+cost per cell call.  On a GPU the host queues ops asynchronously: by
+default (``--host-model queued``) each cell's host time is spent on one
+host shared by the group's worker threads (the GIL) and its device time
+starts once it is queued; one worker's measured host time is used, with
+the CPU's LSTM kernel call counted as one op (oneDNN does the layer's work
+inside that call; cuDNN's only queues).  ``--host-model summed`` adds the
+host time measured with K workers to each cell's device time, the
+pessimistic end; the host table shows both.
 
 Both price an LSTM cell of fewer than 128 sentences at the lower
 throughput a GPU reaches there (Baidu DeepBench's V100 LSTM,
@@ -49,7 +54,6 @@ Writes speedups.json and speedups.md into --out.  Seconds: no training.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List
@@ -58,8 +62,9 @@ from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import Cell
 from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, owned_bytes, speedup
 from fairseq_hybrid.planning.twin_model import batch, twin_model
-from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, a100_rate, best_chunk_length, cost_set,
-                                               host_fixed, predicted_step)
+from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, HOST_MODELS, P100_RATE,
+                                               best_chunk_length, cost_set, group_host, host_fixed, predicted_step,
+                                               set_costs, set_rate, solved_rate)
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 
@@ -103,18 +108,18 @@ def table(args) -> Dict:
         rows = {}
         # the one-device rate: given (P100) or solved for the one-device tokens/s (GNMT v2's one-A100
         # figure unless measured) with one worker's host cost
-        rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, host_fixed(args.host_cost, 1),
-                                                             step_us, args.one_device_tokens_per_s)
-        one_cost = cost_set(name, host_fixed(args.host_cost, 1), step_us, rate)
+        rate = set_rate(name, model, cfg, sample, args.host_cost, step_us, args.host_model,
+                        args.one_device_tokens_per_s)
+        _, one_cost = set_costs(name, args.host_cost, 1, step_us, rate, args.host_model)
         one = predicted_step(model, cfg, 1, "hybrid", one_cost, *sample)
         plain_one = predicted_step(plain, plain_cfg, 1, "hybrid", one_cost, *sample)
-        report["assumptions"][name] = {"flop_rate": rate, "per_step_us": step_us,
+        report["assumptions"][name] = {"flop_rate": rate, "per_step_us": step_us, "host_model": args.host_model,
                                        "host_us_per_cell": {key: v * 1e6 for key, v in one_cost.fixed.items()},
                                        "one_device_step_ms": one.total * 1e3}
         if name == "a100":
             report["assumptions"][name]["one_device_tokens_per_s"] = args.one_device_tokens_per_s
         for k in (2, 4):
-            cost = cost_set(name, host_fixed(args.host_cost, k), step_us, rate)
+            cost, _ = set_costs(name, args.host_cost, k, step_us, rate, args.host_model)
             for mode in ("hybrid", "model", "data"):
                 length, step = best_chunk_length(model, cfg, k, mode, cost, *sample)
                 rows[f"{mode} K={k}"] = {"speedup": one.total / step.total, "chunk_length": length}
@@ -137,59 +142,69 @@ def table(args) -> Dict:
         report["rows"][name] = rows
         sensitivity = {}
         for latency in (5.0, 10.0, 20.0):
-            fixed, fixed_one = host_fixed(args.host_cost, 4), host_fixed(args.host_cost, 1)
-            rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, latency,
-                                                                 args.one_device_tokens_per_s)
-            cost = cost_set(name, fixed, latency, rate)
-            one = predicted_step(model, cfg, 1, "hybrid", cost_set(name, fixed_one, latency, rate), *sample)
+            rate = set_rate(name, model, cfg, sample, args.host_cost, latency, args.host_model,
+                            args.one_device_tokens_per_s)
+            cost, cost_one = set_costs(name, args.host_cost, 4, latency, rate, args.host_model)
+            one = predicted_step(model, cfg, 1, "hybrid", cost_one, *sample)
             _, group = best_chunk_length(model, cfg, 4, "hybrid", cost, *sample)
-            ddp = data_parallel_step(one, gradient_bytes, 4, cost_set(name, fixed_one, latency, rate))
+            ddp = data_parallel_step(one, gradient_bytes, 4, cost_one)
             sensitivity[f"{latency:g} us"] = {"hybrid K=4": one.total / group.total, "ddp K=4": speedup(one, ddp, 4)}
         report["sensitivity"][name] = sensitivity
         by_host = {}
-        # the measured host time per cell of the group: from the benchmark's K = 4 row (what the
-        # table above uses), or from its K = 1 and K = 2 rows, for a host whose cores are not shared
-        # (the K = 4 row runs four workers on the cores there are); and with an LSTM cell's kernel
-        # op counted as one small op (the CPU's oneDNN call does the layer's work at a fixed cost of
-        # its own; a GPU's cuDNN call queues a kernel)
-        kernel_known = bool(args.host_cost) and "lstm_kernel_share_k1_whole" in json.load(open(args.host_cost))
-        for label, host, row, kernel in (
-                ("0 (free host)", 0.0, 4, True), ("30 us", 30e-6, 4, True),
-                ("measured at K = 1 (one worker)", None, 1, True),
-                ("measured at K = 2 (two workers)", None, 2, True),
-                ("measured at K = 4 (four workers; the table above)", None, 4, True),
-                ("measured at K = 1, LSTM kernel call as one op", None, 1, False),
-                ("measured at K = 2, LSTM kernel call as one op", None, 2, False)):
-            if host is None and not args.host_cost or not kernel and not kernel_known:
-                continue
-            if host is None:
-                fixed, fixed_one = host_fixed(args.host_cost, row, kernel), host_fixed(args.host_cost, 1, kernel)
+        for label, fixed, fixed_one, queues in host_readings(args.host_cost):
+            if name == "p100":
+                rate = P100_RATE
             else:
-                fixed = fixed_one = {key: host for key in host_fixed(None, 4)}
-            rate = 9.3e12 * 0.5 if name == "p100" else a100_rate(model, cfg, sample, fixed_one, step_us,
-                                                                 args.one_device_tokens_per_s)
-            cost, cost_one = cost_set(name, fixed, step_us, rate), cost_set(name, fixed_one, step_us, rate)
+                rate = solved_rate(model, cfg, sample, fixed_one, step_us, args.one_device_tokens_per_s, queues)
+            cost = cost_set(name, fixed, step_us, rate, host_queues=queues)
+            cost_one = cost_set(name, fixed_one, step_us, rate, host_queues=queues)
             one = predicted_step(model, cfg, 1, "hybrid", cost_one, *sample)
             plain_one = predicted_step(plain, plain_cfg, 1, "hybrid", cost_one, *sample)
             _, group = best_chunk_length(model, cfg, 4, "hybrid", cost, *sample)
             _, plain_group = best_chunk_length(plain, plain_cfg, 4, "hybrid", cost, *sample)
-            by_host[label] = {"hybrid K=4": one.total / group.total,
+            ddp = data_parallel_step(one, gradient_bytes, 4, cost_one)
+            by_host[label] = {"hybrid K=4": one.total / group.total, "ddp K=4": speedup(one, ddp, 4),
                               "hybrid K=4, no bidirectional layer": plain_one.total / plain_group.total}
         report.setdefault("host_sensitivity", {})[name] = by_host
     return report
+
+
+def host_readings(path):
+    """The host time per cell of the sensitivity table: ``(label, group's
+    seconds per cell, one device's, queued on one host?)``.  The measured
+    rows: one worker's host time queued ahead of the devices (the cells'
+    kernels, with the CPU's LSTM kernel call as one op, as a GPU's cuDNN
+    call only queues; the tables above), the same with that call as
+    measured, and the pessimistic sums of host and device time per cell at
+    one worker's and at four workers' host time (four workers on this
+    machine's cores: waiting for a core as well as for the GIL)."""
+    flat = {key: 0.0 for key in host_fixed(None, 4)}
+    rows = [("0 (free host)", flat, flat, True),
+            ("30 us, queued on one host", host_fixed(None, 4), host_fixed(None, 1), True)]
+    if path:
+        queued, _ = group_host(path, 1, "queued")
+        rows += [("measured at K = 1, queued on one host (the tables above)", queued, queued, True)]
+        if queued != host_fixed(path, 1):
+            rows += [("measured at K = 1, queued, the LSTM kernel call as measured",
+                      host_fixed(path, 1), host_fixed(path, 1), True)]
+        rows += [("measured at K = 1, summed with the device time", host_fixed(path, 1), host_fixed(path, 1), False),
+                 ("measured at K = 4, summed with the device time (pessimistic)", host_fixed(path, 4),
+                  host_fixed(path, 1), False)]
+    return rows
 
 
 def markdown(report: Dict) -> str:
     bounds = report["bounds"]
     lines = ["Predicted speed-up over one GPU, `hybrid_lstm_paper`, 32k vocabulary, 128 sentences of 50 + 50 "
              "tokens per GPU (DDP) or per group (hybrid, model, data); each group figure at its best chunk "
-             "length among `--hybrid-chunk-length auto`'s candidates (0: K chunks; "
+             "length among `--hybrid-chunk-length auto`'s candidates (in brackets: P100; A100; none: K chunks; "
              "`benchmarks/predict_speedups.py`).", "",
              "| system | P100 set | A100 set | dependency bound |", "| --- | ---: | ---: | ---: |"]
     names = list(report["rows"]["p100"])
     for name in names:
         p100, a100 = report["rows"]["p100"][name], report["rows"]["a100"][name]
-        chunk = f" (chunks of {p100['chunk_length']})" if p100.get("chunk_length") else ""
+        chunk = (f" (chunk length {p100['chunk_length']}; {a100['chunk_length']})"
+                 if p100.get("chunk_length") or a100.get("chunk_length") else "")
         key = name if name in bounds else "hybrid K=4, no bidirectional layer" if "bidirectional" in name else None
         lines.append(f"| {name}{chunk} | {p100['speedup']:.2f}x | {a100['speedup']:.2f}x | "
                      f"{bounds[key]:.2f}x |" if key else
@@ -200,13 +215,14 @@ def markdown(report: Dict) -> str:
         p, a = report["sensitivity"]["p100"][latency], report["sensitivity"]["a100"][latency]
         lines.append(f"| {latency} | {p['hybrid K=4']:.2f}x | {p['ddp K=4']:.2f}x | {a['hybrid K=4']:.2f}x | "
                      f"{a['ddp K=4']:.2f}x |")
-    lines += ["", "Host time per cell (hybrid at K = 4, with and without the bidirectional bottom layer):", "",
-              "| host time per cell | P100 set | without bidirectional layer | A100 set | without |",
-              "| --- | ---: | ---: | ---: | ---: |"]
+    lines += ["", "Host time per cell (hybrid at K = 4, with and without the bidirectional bottom layer, and DDP):",
+              "", "| host time per cell | P100 set: hybrid | without bidirectional layer | DDP | A100 set: hybrid | "
+              "without | DDP |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for label in report["host_sensitivity"]["p100"]:
         p, a = report["host_sensitivity"]["p100"][label], report["host_sensitivity"]["a100"][label]
         lines.append(f"| {label} | {p['hybrid K=4']:.2f}x | {p['hybrid K=4, no bidirectional layer']:.2f}x | "
-                     f"{a['hybrid K=4']:.2f}x | {a['hybrid K=4, no bidirectional layer']:.2f}x |")
+                     f"{p['ddp K=4']:.2f}x | {a['hybrid K=4']:.2f}x | {a['hybrid K=4, no bidirectional layer']:.2f}x | "
+                     f"{a['ddp K=4']:.2f}x |")
     lines += ["", "Dependency bound of hybrid at K = 4 with today's dependencies and without them (what-if "
               "replays of the cells; `--encoder-bidirectional-layers 0` is an existing model option, a decoder "
               "starting from zeros is not):", "", "| cells | bound |", "| --- | ---: |"]
@@ -216,8 +232,8 @@ def markdown(report: Dict) -> str:
     assumptions = report["assumptions"]
     lines += ["", "Assumptions: " + "; ".join(
         f"{name}: {a['flop_rate'] / 1e12:.1f} TFLOP/s effective, {a['per_step_us']:g} us per LSTM time step, host "
-        f"{a['host_us_per_cell']['lstm/forward']:.0f} us per LSTM cell forward, one device's step "
-        f"{a['one_device_step_ms']:.1f} ms" for name, a in assumptions.items())]
+        f"{a['host_us_per_cell']['lstm/forward']:.0f} us per LSTM cell forward ({a['host_model']}), one device's "
+        f"step {a['one_device_step_ms']:.1f} ms" for name, a in assumptions.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -229,6 +245,9 @@ def main(argv=None) -> int:
                         "sentences of 50 + 50 (default: GNMT v2's 83.2k on one A100; benchmarks/gpu_check.py's "
                         "calibrate phase measures it on the GPU at hand)")
     parser.add_argument("--vocabulary", type=int, default=32000)
+    parser.add_argument("--host-model", choices=HOST_MODELS, default="queued",
+                        help="queued: the host queues each cell ahead of the devices, one host for the group's "
+                        "workers (default); summed: host time added to each cell's device time (pessimistic)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     report = table(args)

@@ -6,8 +6,17 @@ A GPU cost model prices every cell kind at one FLOP rate, plus a fixed host
 time per cell call, a latency per LSTM time step (twice in backward), a
 fixed time per step outside the cells and a link between devices.  The
 named sets are the assumptions the documentation's tables state: ``p100``
-(PCIe 3 x16, 5 ms a step outside the cells) and ``a100`` (NVLink 3,
-3 ms).
+(PCIe 3 x16, 5 ms a step outside the cells), ``a100`` (NVLink 3, 3 ms) and
+``v100`` (a DGX-1's NVLink 2, 5 ms: GNMT v2's published setting, for the
+calibration of DDP's prediction).
+
+The host time comes in two readings (:data:`HOST_MODELS`): ``queued``, a
+GPU's host queueing each cell's kernels ahead of the device, one host for
+the group's worker threads (the simulator's ``host_queues``), with the
+host time one worker measured alone and the CPU's LSTM kernel call counted
+as one op (a GPU's cuDNN call queues kernels; the CPU's oneDNN call does
+the layer's work); and ``summed``, the host time measured with K workers
+added to each cell's device time, the pessimistic end.
 """
 
 from __future__ import annotations
@@ -20,18 +29,27 @@ from ..parallel import build_hybrid_step, build_plan
 from .chunk_choice import candidate_lengths
 from .schedule_simulator import CostModel, StepTime, flops, step_time
 
-__all__ = ["KINDS", "PHASES", "COST_SETS", "GNMT_A100_TOKENS_PER_S", "host_fixed", "a100_rate", "total_flops",
-           "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
+__all__ = ["KINDS", "PHASES", "COST_SETS", "HOST_MODELS", "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
+           "GNMT_V100_DDP_4", "P100_RATE", "host_fixed", "group_host", "solved_rate", "set_rate", "set_costs",
+           "total_flops", "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step",
+           "best_chunk_length"]
 
 KINDS = ("lstm", "attention_softmax", "embedding", "gather")
 PHASES = ("forward", "backward")
 COST_SETS = {
     "p100": {"step_overhead": 5e-3, "link_bandwidth": 12e9, "link_latency": 10e-6},
     "a100": {"step_overhead": 3e-3, "link_bandwidth": 210e9, "link_latency": 10e-6},
+    # a DGX-1 (V100 SXM2, NVLink 2 hybrid cube mesh): about 100 GB/s for NCCL's ring over four GPUs; Adam
+    # over about 160M fp32 parameters at 900 GB/s in about 5 ms
+    "v100": {"step_overhead": 5e-3, "link_bandwidth": 100e9, "link_latency": 10e-6},
 }
+
+HOST_MODELS = ("queued", "summed")
 
 
 GNMT_A100_TOKENS_PER_S = 83.2e3  # NVIDIA GNMT v2 (PyTorch), one A100, TF32, batch 128: source + target tokens/s
+GNMT_V100_TOKENS_PER_S = 21.65e3  # the same, one V100, fp32: 21.4-21.9k (DeepLearningExamples, GNMT README)
+GNMT_V100_DDP_4 = (3.53, 3.67)  # its DDP speed-up on 4 V100, fp32, batch 128 per GPU
 
 
 def host_fixed(path: Optional[str], k: int, lstm_kernel: bool = True) -> Dict[str, float]:
@@ -59,19 +77,78 @@ def host_fixed(path: Optional[str], k: int, lstm_kernel: bool = True) -> Dict[st
     return fixed
 
 
-def a100_rate(model, cfg, sample, fixed, step_us, tokens_per_s: float = GNMT_A100_TOKENS_PER_S) -> float:
-    """The FLOP rate at which one device's step takes the time that
-    ``tokens_per_s`` (source + target) gives: GNMT v2's one-A100 figure, or
-    one measured on a GPU at hand (``--one-device-tokens-per-s``)."""
-    target = 128 * (50 + 50) / tokens_per_s
-    free = cost_set("a100", fixed, step_us, float("inf"))
+def group_host(path: Optional[str], k: int, host_model: str) -> Tuple[Dict[str, float], bool]:
+    """The host seconds per cell of a group of ``k`` and whether the host
+    queues ahead of the devices, in one of :data:`HOST_MODELS`: ``queued``
+    takes one worker's host time (the simulator makes the K workers take
+    turns on the host), with the LSTM kernel call as one op where a CPU
+    measured its share (on a GPU that call's host time is what it is);
+    ``summed`` the K-worker row, added to the device time."""
+    if host_model not in HOST_MODELS:
+        raise ValueError(f"host model {host_model!r}: one of {', '.join(HOST_MODELS)}")
+    if host_model == "summed":
+        return host_fixed(path, k), False
+    cpu_kernel = False  # the LSTM kernel call measured inside a CPU's cell: a GPU's host does not pay it
+    if path:
+        with open(path) as file:
+            report = json.load(file)
+        cpu_kernel = "lstm_kernel_share_k1_whole" in report and report.get("device", "cpu") == "cpu"
+    return host_fixed(path, 1, lstm_kernel=not cpu_kernel), True
+
+
+def solved_rate(model, cfg, sample, fixed, step_us, tokens_per_s: float = GNMT_A100_TOKENS_PER_S,
+                host_queues: bool = False, name: str = "a100") -> float:
+    """The FLOP rate at which one device's step of ``sample`` takes the
+    time that ``tokens_per_s`` (source + target) gives, under the named
+    set: GNMT v2's one-A100 figure, or one measured on a GPU at hand
+    (``--one-device-tokens-per-s``).  With the host time summed, the step
+    is the rest plus the work over the rate; with a queueing host the rate
+    is found by bisection (the step falls as the rate grows)."""
+    net_input, target = sample
+    target_seconds = (int(net_input["src_lengths"].sum()) + target.numel()) / tokens_per_s
     plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-    other = step_time(model, plan, *sample, free).total
+
+    def step(rate: float) -> float:
+        return step_time(model, plan, *sample, cost_set(name, fixed, step_us, rate, host_queues=host_queues)).total
+
+    other = step(float("inf"))
     work = total_flops(model, cfg, sample)
-    if target <= other:
+    if target_seconds <= other:
         raise ValueError(f"the host and latency costs alone ({other * 1e3:.1f} ms) exceed the one-device step "
-                         f"({target * 1e3:.1f} ms): no rate fits")
-    return work / (target - other)
+                         f"({target_seconds * 1e3:.1f} ms): no rate fits")
+    low = work / target_seconds  # the device's work alone takes the whole step: too slow
+    if not host_queues:
+        return work / (target_seconds - other)
+    high = 2 * low
+    while step(high) > target_seconds:
+        low, high = high, 2 * high
+    for _ in range(40):
+        middle = (low * high) ** 0.5
+        low, high = (middle, high) if step(middle) > target_seconds else (low, middle)
+    return high
+
+
+P100_RATE = 9.3e12 * 0.5  # the P100 set: 9.3 TFLOP/s fp32 at 50%
+
+
+def set_rate(name: str, model, cfg, sample, path: Optional[str], step_us: float, host_model: str,
+             tokens_per_s: float = GNMT_A100_TOKENS_PER_S) -> float:
+    """The FLOP rate of the named set: the P100 set's given rate, the
+    others' solved for ``tokens_per_s`` on one device with this host model."""
+    if name == "p100":
+        return P100_RATE
+    fixed, queues = group_host(path, 1, host_model)
+    return solved_rate(model, cfg, sample, fixed, step_us, tokens_per_s, host_queues=queues, name=name)
+
+
+def set_costs(name: str, path: Optional[str], k: int, step_us: float, rate: float,
+              host_model: str) -> Tuple[CostModel, CostModel]:
+    """The named set's cost models for a group of ``k`` and for one device
+    (one data-parallel rank) under ``host_model``."""
+    fixed, queues = group_host(path, k, host_model)
+    fixed_one, _ = group_host(path, 1, host_model)
+    return (cost_set(name, fixed, step_us, rate, host_queues=queues),
+            cost_set(name, fixed_one, step_us, rate, host_queues=queues))
 
 
 def total_flops(model, cfg, sample) -> float:
@@ -92,28 +169,45 @@ def lstm_batch_curve() -> Tuple[Dict[str, list], int]:
     return data["seconds_per_step"], int(data["reference_batch"])
 
 
+MATMUL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "matmul_efficiency.json")
+
+
+def matmul_curve() -> Tuple[list, int]:
+    """A GPU's matrix-product FLOP/s by rows and the rows the rate stands
+    for (the file says where they were measured)."""
+    with open(MATMUL_FILE) as file:
+        data = json.load(file)
+    return data["flops_by_rows"], int(data["reference_rows"])
+
+
 def gpu_cost_model(rate: float, fixed: Dict[str, float], step_us: float, step_overhead: float,
                    link_bandwidth: float, link_latency: float, note: str = "",
-                   batch_efficiency: bool = True) -> CostModel:
+                   batch_efficiency: bool = True, host_queues: bool = False) -> CostModel:
     """Every cell kind at ``rate`` FLOP/s, ``fixed`` seconds per cell call
     by ``kind/phase``, ``step_us`` per LSTM time step forward (twice
     backward), ``step_overhead`` seconds per step outside the cells.
     ``batch_efficiency``: an LSTM cell of fewer sentences than the batch
     the rate stands for (128) runs at the lower throughput a GPU reaches
-    there (:func:`lstm_batch_curve`); without it, FLOPs cost the same at
-    any batch (the bound)."""
+    there (:func:`lstm_batch_curve`), and an attention-softmax cell of
+    fewer target positions than the fused loss's 256-row chunks likewise
+    (:func:`matmul_curve`); without it, FLOPs cost the same at any batch
+    (the bound).  ``host_queues``: the host queues each cell
+    ahead of the device, one host for all workers (:data:`HOST_MODELS`)."""
     curve, reference = lstm_batch_curve() if batch_efficiency else ({}, 0)
+    matmul, matmul_reference = matmul_curve() if batch_efficiency else ([], 0)
     return CostModel(rates={f"{kind}/{phase}": rate for kind in KINDS for phase in PHASES}, fixed=dict(fixed),
                      per_step={"lstm/forward": step_us * 1e-6, "lstm/backward": 2 * step_us * 1e-6},
                      step_overhead=step_overhead, link_bandwidth=link_bandwidth, link_latency=link_latency,
-                     note=note, lstm_batch_seconds=curve, lstm_reference_batch=reference)
+                     note=note, lstm_batch_seconds=curve, lstm_reference_batch=reference, host_queues=host_queues,
+                     matmul_rows_flops=matmul, matmul_reference_rows=matmul_reference)
 
 
 def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float,
-             batch_efficiency: bool = True) -> CostModel:
+             batch_efficiency: bool = True, host_queues: bool = False) -> CostModel:
     """The named set (:data:`COST_SETS`) at ``rate`` with this host time and
     time-step latency."""
-    return gpu_cost_model(rate, fixed, step_us, batch_efficiency=batch_efficiency, **COST_SETS[name])
+    return gpu_cost_model(rate, fixed, step_us, batch_efficiency=batch_efficiency, host_queues=host_queues,
+                          **COST_SETS[name])
 
 
 def predicted_step(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, chunk_length: int = 0,

@@ -111,6 +111,10 @@ class CostModel:
     # size): its throughput at a cell's batch over that at lstm_reference_batch scales the cell's rate
     lstm_batch_seconds: Dict[str, List[List[float]]] = field(default_factory=dict)
     lstm_reference_batch: int = 0
+    # a matrix product's FLOP/s by its rows ([[rows, flop/s], ...]): an attention-softmax cell of fewer target
+    # positions than matmul_reference_rows runs at the throughput there over that at the reference
+    matmul_rows_flops: List[List[float]] = field(default_factory=list)
+    matmul_reference_rows: int = 0
     default_rate: float = 1e10
     # the fixed seconds are host time that queues the device's work: one host for all workers, the device
     # running behind it (a GPU); False: a cell costs fixed + arithmetic on its own worker (CPU devices)
@@ -130,6 +134,8 @@ class CostModel:
         rate = self.rates.get(key, self.default_rate)
         if work.kind == "lstm" and phase in self.lstm_batch_seconds and work.tokens > 0 and work.sizes[2] > 0:
             rate *= self.batch_efficiency(work.tokens / work.sizes[2], phase)
+        if work.kind == "attention_softmax" and self.matmul_rows_flops and work.tokens > 0:
+            rate *= self.matmul_efficiency(work.tokens)
         seconds = flops(work, phase) / rate + self.fixed.get(key, 0.0)
         if work.kind == "lstm" and key in self.per_step:
             seconds += self.per_step[key] * work.sizes[2]
@@ -151,6 +157,24 @@ class CostModel:
                            for (b0, s0), (b1, s1) in zip(points, points[1:]) if b0 <= rows <= b1)
         at_reference = next(s for b, s in points if b == reference)
         return min(1.0, (rows / seconds) / (reference / at_reference))
+
+    def matmul_efficiency(self, rows: float) -> float:
+        """A matrix product's throughput at ``rows`` rows over that at the
+        reference rows (1.0 from there up): interpolated in log rows
+        between the measured points, constant below the smallest."""
+        import math
+
+        def flops_at(n: float) -> float:
+            points = sorted(self.matmul_rows_flops)
+            if n <= points[0][0]:
+                return points[0][1]
+            if n >= points[-1][0]:
+                return points[-1][1]
+            (n0, f0), (n1, f1) = next((a, b) for a, b in zip(points, points[1:]) if a[0] <= n <= b[0])
+            return f0 + (f1 - f0) * (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+
+        reference = self.matmul_reference_rows
+        return 1.0 if rows >= reference else min(1.0, flops_at(rows) / flops_at(reference))
 
     def transfer(self, work: Work) -> float:
         if self.link_bandwidth == float("inf"):
