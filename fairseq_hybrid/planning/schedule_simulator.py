@@ -43,7 +43,9 @@ the engine's schedule, cell for cell.
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -162,7 +164,6 @@ class CostModel:
         """A matrix product's throughput at ``rows`` rows over that at the
         reference rows (1.0 from there up): interpolated in log rows
         between the measured points, constant below the smallest."""
-        import math
 
         def flops_at(n: float) -> float:
             points = sorted(self.matmul_rows_flops)
@@ -330,8 +331,6 @@ def _host_schedule(sequence: Sequence[int], after: Sequence[Sequence[int]], work
     in ``after[i]`` are queued; the host takes, whenever it is free, the
     cell that has been ready longest (the earliest in ``sequence`` among
     equals).  Worker threads on one GIL take turns like this."""
-    import heapq
-
     rank = {cell: position for position, cell in enumerate(sequence)}
     waits_for: List[List[int]] = [list(after[i]) for i in range(len(host))]
     previous: Dict[int, int] = {}
