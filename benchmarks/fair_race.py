@@ -60,8 +60,8 @@ import torch
 from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import build_hybrid_step, build_plan
-from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, owned_bytes,
-                                                       speedup)
+from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
+                                                       owned_bytes, speedup)
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
                                                HOST_MODELS, best_chunk_length, predicted_step, set_costs, set_rate)
 from fairseq_hybrid.planning.placement_search import best_placement
@@ -118,10 +118,8 @@ def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: 
             chosen = placement
             length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
                                              placement=placement, micro_batches=micro_batches)
-        placement_used = chosen
         if best is None or step.total < best["step"].total:
-            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length,
-                    "placement": placement_used}
+            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length, "placement": chosen}
     return best
 
 
@@ -150,7 +148,7 @@ def bound_table(args, sample) -> Dict:
 def race_table(args, host_model: str) -> Dict:
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
-    gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    model_bytes = gradient_bytes(model)
     report: Dict = {}
     for name in ("p100", "a100"):
         costs = set_of(args, name, model, cfg, per_gpu, host_model)
@@ -162,7 +160,7 @@ def race_table(args, host_model: str) -> Dict:
             merged = batch(sentences, [PER_GPU[1]] * sentences, PER_GPU[2])
             cost = costs(k)[0]
             group = best_group(model, cfg, k, cost, merged, args.micro_batches, args.lengths)
-            ddp = data_parallel_step(one, gradient_bytes, k, one_cost)
+            ddp = data_parallel_step(one, model_bytes, k, one_cost)
             rows[f"K={k}"] = {
                 "ddp": speedup(one, ddp, k), "group": speedup(one, group["step"], k),
                 "micro_batches": group["micro_batches"], "chunk_length": group["chunk_length"],
@@ -171,7 +169,7 @@ def race_table(args, host_model: str) -> Dict:
                 # two groups of four under DDP: each group's step at 512 sentences, the all-reduce between twins
                 owned = max(owned_bytes(model, cfg, 4, group["placement"]))
                 two = data_parallel_step(group["step"], owned, 2, cost)
-                rows["2 groups x 4 (8 GPUs)"] = {"ddp": speedup(one, data_parallel_step(one, gradient_bytes, 8,
+                rows["2 groups x 4 (8 GPUs)"] = {"ddp": speedup(one, data_parallel_step(one, model_bytes, 8,
                                                                                         one_cost), 8),
                                                  "group": speedup(one, two, 8), **{key: group[key] for key in (
                                                      "micro_batches", "chunk_length", "placement")}}
@@ -183,9 +181,8 @@ def race_table(args, host_model: str) -> Dict:
                 plain, plain_cfg = twin_model("hybrid_lstm_paper", args.vocabulary, encoder_bidirectional_layers=0)
                 plain_one = predicted_step(plain, plain_cfg, 1, "hybrid", one_cost, *per_gpu)
                 plain_group = best_group(plain, plain_cfg, 4, cost, merged, args.micro_batches, args.lengths)
-                plain_bytes = 4.0 * sum(p.numel() for p in plain.parameters())
                 rows["K=4, --encoder-bidirectional-layers 0"] = {
-                    "ddp": speedup(plain_one, data_parallel_step(plain_one, plain_bytes, 4, one_cost), 4),
+                    "ddp": speedup(plain_one, data_parallel_step(plain_one, gradient_bytes(plain), 4, one_cost), 4),
                     "group": speedup(plain_one, plain_group["step"], 4),
                     **{key: plain_group[key] for key in ("micro_batches", "chunk_length", "placement")}}
         report[name] = rows
@@ -215,12 +212,12 @@ def tokens_of(parts: Sequence[Tuple[List[int], List[int]]]) -> int:
     return sum(sum(sources) + sum(targets) for sources, targets in parts)
 
 
-def ddp_on_real_batches(ones, parts, k: int, steps: int, gradient_bytes: float, one_cost: CostModel) -> float:
+def ddp_on_real_batches(ones, parts, k: int, steps: int, model_bytes: float, one_cost: CostModel) -> float:
     """DDP's tokens/s over one device's on real batches: ``steps`` steps of
     K ``parts`` each, every step waiting for its slowest rank (``ones``:
     one device's step on each part)."""
     one_rate = tokens_of(parts) / sum(one.total for one in ones)
-    ddp_seconds = sum(data_parallel_step_of(ones[i * k:(i + 1) * k], gradient_bytes, one_cost).total
+    ddp_seconds = sum(data_parallel_step_of(ones[i * k:(i + 1) * k], model_bytes, one_cost).total
                       for i in range(steps))
     return tokens_of(parts[:steps * k]) / ddp_seconds / one_rate
 
@@ -240,15 +237,14 @@ def gnmt_calibration(args, per_gpu_batches=None) -> Dict:
     rate = set_rate("v100", model, cfg, per_gpu, args.host_cost, step_us, host_model, GNMT_V100_TOKENS_PER_S)
     group_cost, one_cost = set_costs("v100", args.host_cost, 4, step_us, rate, host_model)
     one = predicted_step(model, cfg, 1, "hybrid", one_cost, *per_gpu)
-    gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    model_bytes = gradient_bytes(model)
     report: Dict = {"published_ddp": list(GNMT_V100_DDP_4), "flop_rate": rate, "host_model": host_model,
-                    "one_device_tokens_per_s": GNMT_V100_TOKENS_PER_S,
-                    "parameters": sum(p.numel() for p in model.parameters()),
-                    "ddp": speedup(one, data_parallel_step(one, gradient_bytes, 4, one_cost), 4)}
+                    "one_device_tokens_per_s": GNMT_V100_TOKENS_PER_S, "parameters": sum(p.numel() for p in model.parameters()),
+                    "ddp": speedup(one, data_parallel_step(one, model_bytes, 4, one_cost), 4)}
     if per_gpu_batches:
         steps = min(args.real_steps, len(per_gpu_batches) // 4)
         ones = [predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([part])) for part in per_gpu_batches]
-        report["ddp_real_batches"] = ddp_on_real_batches(ones, per_gpu_batches, 4, steps, gradient_bytes, one_cost)
+        report["ddp_real_batches"] = ddp_on_real_batches(ones, per_gpu_batches, 4, steps, model_bytes, one_cost)
     merged = batch(4 * PER_GPU[0], [PER_GPU[1]] * 4 * PER_GPU[0], PER_GPU[2])
     group = best_group(model, cfg, 4, group_cost, merged, args.micro_batches, args.lengths)
     report["group"] = speedup(one, group["step"], 4)
@@ -270,7 +266,7 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]], per_gpu_batches
     steps = args.real_steps
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
-    gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    model_bytes = gradient_bytes(model)
     report: Dict = {"max_tokens": args.max_tokens, "steps": steps, "host_model": args.host_models[0],
                     "sentences_per_batch": sum(len(part[0]) for part in per_gpu_batches) / len(per_gpu_batches)}
     group_batches = {k: real_batches(args.data, k * args.max_tokens, steps) for k in args.groups}
@@ -287,11 +283,11 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]], per_gpu_batches
                 return best_group(model, cfg, k, cost, as_batch(parts), args.micro_batches, (0, 0),
                                   placement=placements[name][k])["step"].total
 
-            ddp_rate = ddp_on_real_batches(ones, per_gpu_batches, k, steps, gradient_bytes, one_cost) * one_rate
             own_rate = tokens_of(group_batches[k]) / sum(group_seconds([part]) for part in group_batches[k])
             merged_rate = tokens_of(per_gpu_batches[:steps * k]) / sum(
                 group_seconds(per_gpu_batches[i * k:(i + 1) * k]) for i in range(steps))
-            rows[f"K={k}"] = {"ddp": ddp_rate / one_rate, "group": own_rate / one_rate,
+            rows[f"K={k}"] = {"ddp": ddp_on_real_batches(ones, per_gpu_batches, k, steps, model_bytes, one_cost),
+                              "group": own_rate / one_rate,
                               "group_merged": merged_rate / one_rate}
             print(f"{name} K={k} on real batches: DDP {rows[f'K={k}']['ddp']:.2f}x, group "
                   f"{rows[f'K={k}']['group']:.2f}x (the K batches merged: {rows[f'K={k}']['group_merged']:.2f}x)",

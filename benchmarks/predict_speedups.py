@@ -60,11 +60,10 @@ from typing import Dict, List
 
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import Cell
-from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, owned_bytes, speedup
+from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes, speedup
 from fairseq_hybrid.planning.twin_model import batch, twin_model
-from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, HOST_MODELS, P100_RATE,
-                                               best_chunk_length, cost_set, group_host, host_fixed, predicted_step,
-                                               set_costs, set_rate, solved_rate)
+from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, HOST_MODELS, best_chunk_length, cost_set,
+                                               group_host, host_fixed, predicted_step, rate_of, set_costs, set_rate)
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 
@@ -85,7 +84,7 @@ def table(args) -> Dict:
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     plain, plain_cfg = twin_model("hybrid_lstm_paper", args.vocabulary, encoder_bidirectional_layers=0)
     sample = batch(128, [50] * 128, 50)
-    gradient_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    model_bytes = gradient_bytes(model)
     report: Dict = {"assumptions": {}, "rows": {}, "bounds": {}, "sensitivity": {}}
     free = CostModel()
 
@@ -123,14 +122,14 @@ def table(args) -> Dict:
             for mode in ("hybrid", "model", "data"):
                 length, step = best_chunk_length(model, cfg, k, mode, cost, *sample)
                 rows[f"{mode} K={k}"] = {"speedup": one.total / step.total, "chunk_length": length}
-            ddp = data_parallel_step(one, gradient_bytes, k, one_cost)  # K processes, each one device's host cost
+            ddp = data_parallel_step(one, model_bytes, k, one_cost)  # K processes, each one device's host cost
             rows[f"ddp K={k}"] = {"speedup": speedup(one, ddp, k)}
             if k == 4:
                 length, group = best_chunk_length(model, cfg, 4, "hybrid", cost, *sample)
                 two_groups = data_parallel_step(group, max(owned_bytes(model, cfg, 4)), 2, cost)
                 rows["hybrid 2 groups x 4 under DDP (8 GPUs)"] = {"speedup": speedup(one, two_groups, 2) * 1.0,
                                                                   "chunk_length": length}
-                rows["ddp K=8"] = {"speedup": speedup(one, data_parallel_step(one, gradient_bytes, 8, one_cost), 8)}
+                rows["ddp K=8"] = {"speedup": speedup(one, data_parallel_step(one, model_bytes, 8, one_cost), 8)}
                 length, plain_group = best_chunk_length(plain, plain_cfg, 4, "hybrid", cost, *sample)
                 rows["hybrid K=4, --encoder-bidirectional-layers 0"] = {
                     "speedup": plain_one.total / plain_group.total, "chunk_length": length}
@@ -147,22 +146,19 @@ def table(args) -> Dict:
             cost, cost_one = set_costs(name, args.host_cost, 4, latency, rate, args.host_model)
             one = predicted_step(model, cfg, 1, "hybrid", cost_one, *sample)
             _, group = best_chunk_length(model, cfg, 4, "hybrid", cost, *sample)
-            ddp = data_parallel_step(one, gradient_bytes, 4, cost_one)
+            ddp = data_parallel_step(one, model_bytes, 4, cost_one)
             sensitivity[f"{latency:g} us"] = {"hybrid K=4": one.total / group.total, "ddp K=4": speedup(one, ddp, 4)}
         report["sensitivity"][name] = sensitivity
         by_host = {}
         for label, fixed, fixed_one, queues in host_readings(args.host_cost):
-            if name == "p100":
-                rate = P100_RATE
-            else:
-                rate = solved_rate(model, cfg, sample, fixed_one, step_us, args.one_device_tokens_per_s, queues)
+            rate = rate_of(name, model, cfg, sample, fixed_one, step_us, queues, args.one_device_tokens_per_s)
             cost = cost_set(name, fixed, step_us, rate, host_queues=queues)
             cost_one = cost_set(name, fixed_one, step_us, rate, host_queues=queues)
             one = predicted_step(model, cfg, 1, "hybrid", cost_one, *sample)
             plain_one = predicted_step(plain, plain_cfg, 1, "hybrid", cost_one, *sample)
             _, group = best_chunk_length(model, cfg, 4, "hybrid", cost, *sample)
             _, plain_group = best_chunk_length(plain, plain_cfg, 4, "hybrid", cost, *sample)
-            ddp = data_parallel_step(one, gradient_bytes, 4, cost_one)
+            ddp = data_parallel_step(one, model_bytes, 4, cost_one)
             by_host[label] = {"hybrid K=4": one.total / group.total, "ddp K=4": speedup(one, ddp, 4),
                               "hybrid K=4, no bidirectional layer": plain_one.total / plain_group.total}
         report.setdefault("host_sensitivity", {})[name] = by_host
@@ -183,13 +179,12 @@ def host_readings(path):
             ("30 us, queued on one host", host_fixed(None, 4), host_fixed(None, 1), True)]
     if path:
         queued, _ = group_host(path, 1, "queued")
+        one, four = host_fixed(path, 1), host_fixed(path, 4)
         rows += [("measured at K = 1, queued on one host (the tables above)", queued, queued, True)]
-        if queued != host_fixed(path, 1):
-            rows += [("measured at K = 1, queued, the LSTM kernel call as measured",
-                      host_fixed(path, 1), host_fixed(path, 1), True)]
-        rows += [("measured at K = 1, summed with the device time", host_fixed(path, 1), host_fixed(path, 1), False),
-                 ("measured at K = 4, summed with the device time (pessimistic)", host_fixed(path, 4),
-                  host_fixed(path, 1), False)]
+        if queued != one:
+            rows += [("measured at K = 1, queued, the LSTM kernel call as measured", one, one, True)]
+        rows += [("measured at K = 1, summed with the device time", one, one, False),
+                 ("measured at K = 4, summed with the device time (pessimistic)", four, one, False)]
     return rows
 
 

@@ -70,6 +70,11 @@ def data_parallel_step_of(rank_steps: Sequence[StepTime], gradient_bytes: float,
     return data_parallel_step(slowest, gradient_bytes, len(rank_steps), cost)
 
 
+def gradient_bytes(module) -> float:
+    """Bytes of ``module``'s gradients in fp32: what an all-reduce moves."""
+    return 4.0 * sum(p.numel() for p in module.parameters())
+
+
 def owned_bytes(model, cfg, k: int, placement: str = "") -> List[float]:
     """Gradient bytes (fp32) of the parameters each device of a hybrid
     group of ``k`` owns, where ``HybridGroup.place`` puts them: what its
@@ -79,7 +84,7 @@ def owned_bytes(model, cfg, k: int, placement: str = "") -> List[float]:
     owned = [0.0] * k
 
     def add(module, worker):
-        owned[worker] += 4.0 * sum(p.numel() for p in module.parameters())
+        owned[worker] += gradient_bytes(module)
 
     add(encoder.embed_tokens, plan.encoder[0])
     for layer, module in enumerate(encoder.layers):

@@ -30,7 +30,7 @@ from .chunk_choice import candidate_lengths
 from .schedule_simulator import CostModel, StepTime, flops, step_time
 
 __all__ = ["KINDS", "PHASES", "COST_SETS", "HOST_MODELS", "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
-           "GNMT_V100_DDP_4", "P100_RATE", "host_fixed", "group_host", "solved_rate", "set_rate", "set_costs",
+           "GNMT_V100_DDP_4", "P100_RATE", "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate", "set_costs",
            "total_flops", "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step",
            "best_chunk_length"]
 
@@ -131,14 +131,21 @@ def solved_rate(model, cfg, sample, fixed, step_us, tokens_per_s: float = GNMT_A
 P100_RATE = 9.3e12 * 0.5  # the P100 set: 9.3 TFLOP/s fp32 at 50%
 
 
-def set_rate(name: str, model, cfg, sample, path: Optional[str], step_us: float, host_model: str,
-             tokens_per_s: float = GNMT_A100_TOKENS_PER_S) -> float:
+def rate_of(name: str, model, cfg, sample, fixed_one: Dict[str, float], step_us: float, host_queues: bool,
+            tokens_per_s: float = GNMT_A100_TOKENS_PER_S) -> float:
     """The FLOP rate of the named set: the P100 set's given rate, the
-    others' solved for ``tokens_per_s`` on one device with this host model."""
+    others' solved for ``tokens_per_s`` on one device with this host time."""
     if name == "p100":
         return P100_RATE
+    return solved_rate(model, cfg, sample, fixed_one, step_us, tokens_per_s, host_queues=host_queues, name=name)
+
+
+def set_rate(name: str, model, cfg, sample, path: Optional[str], step_us: float, host_model: str,
+             tokens_per_s: float = GNMT_A100_TOKENS_PER_S) -> float:
+    """:func:`rate_of` with one device's host time from ``path`` under
+    ``host_model``."""
     fixed, queues = group_host(path, 1, host_model)
-    return solved_rate(model, cfg, sample, fixed, step_us, tokens_per_s, host_queues=queues, name=name)
+    return rate_of(name, model, cfg, sample, fixed, step_us, queues, tokens_per_s)
 
 
 def set_costs(name: str, path: Optional[str], k: int, step_us: float, rate: float,
