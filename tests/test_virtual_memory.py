@@ -86,3 +86,30 @@ def test_a_devices_loss_cells_keep_one_output_layer_gradient():
         peaks = [harness.memory.peak(device) for device in (0, 1)]
     # parameters, their gradients and a replica are about 3 matrices; the cells' sums one more
     assert max(peaks) < 8 * matrix, [peak / matrix for peak in peaks]
+
+
+def test_data_mode_keeps_the_replicas_gradients_off_the_masters_device_until_the_reduce():
+    """In data mode every worker's one cell is a whole step on its shard, so
+    sending its whole-model gradient early overlaps nothing; sent early, the
+    K - 1 copies wait together on the master's device for the reduce.  The
+    reduce copies them one parameter at a time: the master's device peaks
+    at about its parameters, their gradients and one worker's activations,
+    not three more copies of the model."""
+    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    from fairseq_hybrid.harness.measuring import backward_step, on_device
+    from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
+
+    source, target = make_dictionary(40), make_dictionary(8000)
+    with virtual_devices() as harness:
+        torch.manual_seed(0)
+        model = build_model("hybrid_lstm_tiny", source, target, hybrid_devices="cpu:0,cpu:1,cpu:2,cpu:3",
+                            hybrid_mode="data")
+        whole = sum(p.numel() * p.element_size() for p in model.parameters())
+        criterion = HybridCrossEntropyCriterion(StandInTask(source, target), False, 0.1)
+        sample = on_device(make_sample(source, target, [5] * 8, [6] * 8), "cpu:0")
+        backward_step(model, criterion, sample)  # replicas made, gradients allocated
+        harness.memory.reset_peaks()
+        backward_step(model, criterion, sample)
+        peak = harness.memory.peak(0)
+    # parameters + gradients + a shard's activations and output-layer gradient: under 4 models (6 when sent early)
+    assert peak < 4 * whole, peak / whole

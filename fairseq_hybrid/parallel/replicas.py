@@ -24,7 +24,13 @@ all-reduce off it (docs/design.md, "Replica copies"):
   gradients travel to the master's device while the worker and the others
   still run backward; :meth:`Replicas.reduce` then adds them into the
   master's gradients in worker order, once every worker is done, so the sum
-  is the same in every run.
+  is the same in every run.  The whole model's replicas (``data`` mode) are
+  the exception (``send_early=False``): there each worker's one cell is its
+  shard of the whole step, so every worker ends backward at about the same
+  time and an early send would overlap nothing, while the K - 1 whole-model
+  gradients it sends would wait together on the master's device for the
+  reduce (three extra copies of the model at K = 4); :meth:`Replicas.reduce`
+  copies them one parameter at a time instead.
 
 A replica brought up to date for a new step starts without gradients and
 without anything sent, so a step that failed half-way (fairseq skips a
@@ -47,9 +53,11 @@ from .transfer import arrive, copies_done, prefetch_stream
 
 
 class Replicas:
-    def __init__(self, master: nn.Module, make_copy: Callable[[nn.Module], nn.Module] = copy.deepcopy):
+    def __init__(self, master: nn.Module, make_copy: Callable[[nn.Module], nn.Module] = copy.deepcopy,
+                 send_early: bool = True):
         self.master = master
         self.make_copy = make_copy
+        self.send_early = send_early
         self.copies: Dict[int, nn.Module] = {}
         self.refreshed: Dict[int, object] = {}
         self.ready: Dict[int, object] = {}  # worker -> event after its prefetched copies
@@ -110,9 +118,10 @@ class Replicas:
     def send(self, worker: int, device: torch.device) -> None:
         """Start the copies of ``worker``'s replica gradients to the
         master's devices (called on the worker once it is done with the
-        replica for the step); :meth:`reduce` adds them."""
+        replica for the step); :meth:`reduce` adds them.  Without
+        ``send_early`` the gradients stay on the replica until the reduce."""
         replica = self.copies.get(worker)
-        if replica is None:
+        if replica is None or not self.send_early:
             return
         made = streams.record_event(device)  # after the backward that made them
         sent = []
@@ -164,9 +173,12 @@ class ModelReplicas:
         return self._get(f"encoder layer {layer} {'reverse' if reverse else 'forward'}", master)
 
     def whole_model(self) -> Replicas:
-        return self._get("model", self.model, lambda m: type(m)(copy.deepcopy(m.encoder), copy.deepcopy(m.decoder)))
+        """Replicas of the whole model (``data`` mode), whose gradients are
+        copied at the reduce, one parameter at a time (module docstring)."""
+        return self._get("model", self.model, lambda m: type(m)(copy.deepcopy(m.encoder), copy.deepcopy(m.decoder)),
+                         send_early=False)
 
-    def _get(self, key: str, master: nn.Module, make_copy=copy.deepcopy) -> Replicas:
+    def _get(self, key: str, master: nn.Module, make_copy=copy.deepcopy, send_early: bool = True) -> Replicas:
         if key not in self.cache or self.cache[key].master is not master:
-            self.cache[key] = Replicas(master, make_copy)
+            self.cache[key] = Replicas(master, make_copy, send_early)
         return self.cache[key]

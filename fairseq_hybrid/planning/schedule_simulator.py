@@ -247,12 +247,14 @@ class StepTime:
 class ReplicaCopy(NamedTuple):
     """A replica's copies for the simulator: ``worker`` runs ``cells`` on a
     replica of ``values`` parameters whose master is on worker ``home``'s
-    device."""
+    device; its gradients are sent after its last cell's backward
+    (``early``) or after the whole backward pass (``Replicas.send_early``)."""
 
     worker: int
     home: int
     cells: Tuple[int, ...]
     values: int
+    early: bool = True
 
 
 def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device: Optional[Sequence[int]] = None,
@@ -314,10 +316,12 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
     forward = max(run(order, producers, "forward", not_before), default=0.0)
     done = run(list(reversed(order)), consumers, "backward", [0.0] * len(cells))
     backward = max(done, default=0.0)
-    # gradients: each sent once its replica's last cell is done, one after
-    # another into each master's device
+    # gradients: each sent once its replica's last cell is done (or the
+    # whole pass, for replicas that send late), one after another into each
+    # master's device
     link_free = {}
-    for sent, copy in sorted((max(done[i] for i in copy.cells), copy) for copy in copies):
+    passed = backward
+    for sent, copy in sorted((max(done[i] for i in copy.cells) if copy.early else passed, copy) for copy in copies):
         destination = same_device[copy.home]
         link_free[destination] = max(link_free.get(destination, 0.0), sent) + copy_seconds(copy)
         backward = max(backward, link_free[destination])
@@ -399,5 +403,6 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
 
 
 def _copies(built) -> List[ReplicaCopy]:
-    return [ReplicaCopy(use.worker, use.home, use.cells, sum(p.numel() for p in use.replicas.master.parameters()))
+    return [ReplicaCopy(use.worker, use.home, use.cells, sum(p.numel() for p in use.replicas.master.parameters()),
+                        use.replicas.send_early)
             for use in built.replica_uses]
