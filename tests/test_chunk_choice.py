@@ -98,8 +98,8 @@ def test_on_cpu_devices_auto_weighs_with_cell_times_measured_on_a_cpu():
     """On CPU devices a cell pays a fixed cost and a time per LSTM time step
     far above its op dispatch (planning/cpu_cost_model.json, fitted to
     measured cells): there, more and smaller cells do not pay, and auto
-    keeps one micro-batch for a batch where FLOPs plus host time alone
-    would split it."""
+    keeps one micro-batch: eight cost over 10% more, where under FLOPs
+    plus host time alone they cost about 1% more."""
     from fairseq_hybrid.parallel import build_plan
     from fairseq_hybrid.planning.twin_model import batch as twin_batch, twin_model
 
@@ -112,7 +112,8 @@ def test_on_cpu_devices_auto_weighs_with_cell_times_measured_on_a_cpu():
     assert chooser.cost.per_step == cpu.per_step
     times = chooser.predicted_seconds(*sample)
     assert chooser(*sample) == (0, 1) and times[0, 8] > 1.1 * times[0, 1]
-    assert ChunkLengthChooser(model, plan, default_cost_model(), "auto", 0)(*sample)[1] > 1
+    flops_and_host = ChunkLengthChooser(model, plan, default_cost_model(), "auto", 0).predicted_seconds(*sample)
+    assert flops_and_host[0, 8] < 1.02 * flops_and_host[0, 1]
 
 
 @pytest.mark.parametrize("micro_batches", ["1", "auto"])
@@ -138,3 +139,4 @@ def test_data_mode_has_no_chunks_to_choose(dictionaries):
     _, group, _ = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_mode": "data",
                                                   "hybrid_chunk_length": "auto"})
     assert group.hybrid_group.chunk_chooser is None
+

@@ -8,6 +8,8 @@ them on one device gives the single-device value.
 
 from __future__ import annotations
 
+import heapq
+from functools import lru_cache
 from typing import List, Sequence, Tuple
 
 import torch
@@ -29,6 +31,42 @@ def weighted_slices(batch_size: int, weights: Sequence[int]) -> List[slice]:
     for size in sizes:
         slices.append(slice(start, start + size))
         start += size
+    return slices
+
+
+@lru_cache(maxsize=4096)
+def dealt_rows(rows: int, weights: Tuple[int, ...]) -> Tuple[int, ...]:
+    """How many of a batch's first ``rows`` rows each weight gets when the
+    rows are dealt one at a time to the weight furthest below its share
+    (the one with the least ``(dealt + 1/2) / weight``, the first among
+    equals: Webster's divisor method, round-robin for equal weights).
+    Dealing never takes a row back, so the counts for more rows are never
+    below those for fewer: the pieces of a batch cut into micro-batches
+    each get their difference, and over the whole batch every weight gets
+    its share to within a row, where rounding each piece on its own gives
+    the same weights the same extra row in every piece."""
+    if len(set(weights)) == 1 and weights[0] > 0:
+        return tuple((rows - index + len(weights) - 1) // len(weights) for index in range(len(weights)))
+    dealt = [0] * len(weights)
+    queue = [(0.5 / weight, index) for index, weight in enumerate(weights) if weight > 0]
+    heapq.heapify(queue)
+    for _ in range(rows):
+        _, index = heapq.heappop(queue)
+        dealt[index] += 1
+        heapq.heappush(queue, ((dealt[index] + 0.5) / weights[index], index))
+    return tuple(dealt)
+
+
+def dealt_slices(first_row: int, rows: int, weights: Sequence[int]) -> List[slice]:
+    """Contiguous slices of ``range(rows)``, one per weight, for the rows
+    ``first_row`` to ``first_row + rows - 1`` of a batch: each weight's
+    share of them as :func:`dealt_rows` deals the batch (a slice may be
+    empty)."""
+    before, after = dealt_rows(first_row, tuple(weights)), dealt_rows(first_row + rows, tuple(weights))
+    slices, start = [], 0
+    for low, high in zip(before, after):
+        slices.append(slice(start, start + high - low))
+        start += high - low
     return slices
 
 

@@ -29,6 +29,7 @@ class MicroBatch(NamedTuple):
     target: Tensor
     masks: Optional[SingleDeviceMasks]
     name: str  # "" for the whole batch, else "micro-batch FIRST-LAST: " (rows)
+    first_row: int = 0  # of the batch (its attention-softmax shards are dealt over the whole batch)
 
 
 def token_balanced_slices(tokens: Sequence[int], count: int) -> List[slice]:
@@ -75,4 +76,4 @@ def micro_batches_of(net_input: Dict[str, Tensor], target: Tensor, masks: Option
         yield MicroBatch(index, {key: value[rows] if torch.is_tensor(value) else value
                                  for key, value in net_input.items()},
                          target[rows], None if masks is None else masks.rows(rows),
-                         f"micro-batch {rows.start}-{rows.stop - 1}: ")
+                         f"micro-batch {rows.start}-{rows.stop - 1}: ", rows.start)

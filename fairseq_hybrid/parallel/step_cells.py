@@ -145,7 +145,7 @@ class _Batch:
     the batch's tensors on the devices of the cells that read them."""
 
     def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int,
-                 masks: Optional[SingleDeviceMasks]):
+                 masks: Optional[SingleDeviceMasks], first_row: int = 0):
         encoder = model.encoder.stack
         devices = plan.devices
         src_tokens = encoder.right_padded(net_input["src_tokens"])
@@ -159,7 +159,7 @@ class _Batch:
         self.rows = src_tokens.size(0)
         self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
         self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
-        shards = plan.shard_slices(target.size(0))
+        shards = plan.shard_slices(target.size(0), first_row)  # a micro-batch's part of the batch's shards
         self.shards = [rows for _, rows in shards]
         self.shard_workers = [worker for worker, _ in shards]
         self.shard_devices = [devices[worker] for worker in self.shard_workers]
@@ -226,7 +226,7 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     sinks = {worker: GradientSink() for worker in range(plan.size)}
     for part in micro_batches_of(net_input, target, masks, micro_batches, model.decoder.dictionary.pad()):
         step.prefix, step.not_before = part.name, part.index * stagger
-        batch = _Batch(model, plan, part.net_input, part.target, chunk_length, part.masks)
+        batch = _Batch(model, plan, part.net_input, part.target, chunk_length, part.masks, part.first_row)
         encoder_output, final_states, direction_uses = _add_encoder(step, batch)
         encoder_shards = _add_encoder_top(step, batch, encoder_output)
         decoder_chunks = _add_decoder(step, batch, final_states)

@@ -9,9 +9,9 @@ placement is tried when there are few enough, otherwise a local search
 moves one layer at a time from the default.  For the best layers, the
 device of each bidirectional layer's reverse direction is chosen too, and
 (hybrid mode) the attention-softmax shard sizes: equal, sized to even out
-the devices' work (:func:`balanced_shard_weights`), or halfway between
-(work after the pipeline makes up for work inside it only as far as
-micro-batches overlap the two): the
+the devices' work (:func:`balanced_shard_weights`), or a quarter, half or
+three quarters of the way (work after the pipeline makes up for work
+inside it only as far as micro-batches overlap the two): the
 default's reverse direction lands beside the widest encoder layer, the
 busiest device of a default group.  Scripts and tests simulate
 models they never train on a parameter-free twin (:mod:`.twin_model`).
@@ -78,7 +78,8 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
     def balanced(encoder, decoder) -> Choice:
         """The layers' placement with the reverse directions and the shard
         sizes that give the shortest step (each reverse direction on any
-        device; shards equal or evening out the devices' work)."""
+        device; shards equal, evening out the devices' work, or part of the
+        way between)."""
         bidirectional = sum(1 for layer in model.encoder.stack.layers if layer.bidirectional)
         best_text, best_total = placement_text(encoder, decoder), None
         for reverse in itertools.product(range(len(devices)), repeat=bidirectional if len(devices) > 1 else 0):
@@ -87,9 +88,12 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
             if mode == "hybrid" and len(devices) > 1:
                 plan = build_plan(names, plain, mode, *layers)
                 even = balanced_shard_weights(model, plan, net_input, target, chunk_length, micro_batches)
-                halfway = tuple(weight + 100 // len(devices) for weight in even)  # between equal and even
-                candidates += [placement_text(encoder, decoder, reverse, even),
-                               placement_text(encoder, decoder, reverse, halfway)]
+                # and a quarter, half and three quarters of the way from equal shards to even work
+                equal = 100 // len(devices)
+                candidates += [placement_text(encoder, decoder, reverse, even)]
+                candidates += [placement_text(encoder, decoder, reverse,
+                                              tuple((4 - j) * equal + j * weight for weight in even))
+                               for j in (1, 2, 3)]
             for candidate in candidates:
                 total = evaluate(candidate)
                 if best_total is None or total < best_total * (1 - 1e-6):
