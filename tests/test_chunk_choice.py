@@ -140,3 +140,24 @@ def test_data_mode_has_no_chunks_to_choose(dictionaries):
                                                   "hybrid_chunk_length": "auto"})
     assert group.hybrid_group.chunk_chooser is None
 
+
+def test_the_choice_is_simulated_on_a_host_copy_of_the_batch(dictionaries):
+    """A new shape's candidates are built on the host: with the batch on
+    the group's first (virtual) device, choosing allocates nothing on any
+    device (built on the devices, every candidate and micro-batch would put
+    the batch's pieces on each of them), and chooses as on the host."""
+    from fairseq_hybrid.harness.measuring import on_device
+    from fairseq_hybrid.harness.virtual_devices import virtual_devices
+
+    net_input, target = batch(24, [9] * 24, 8)
+    with virtual_devices() as harness:
+        model = build_model("hybrid_lstm_tiny", *dictionaries, hybrid_devices="cpu:0,cpu:1")
+        plan = model.hybrid_group.plan
+        on_first = on_device({"net_input": net_input, "target": target}, "cpu:0")
+        choose = ChunkLengthChooser(model, plan, CostModel(), micro_batches="auto", chunk_length="auto")
+        live = [harness.memory.live(device) for device in (0, 1)]
+        harness.memory.reset_peaks()
+        on_devices = choose.predicted_seconds(on_first["net_input"], on_first["target"])
+        assert [harness.memory.peak(device) for device in (0, 1)] == live
+    on_host = ChunkLengthChooser(model, plan, CostModel(), micro_batches="auto", chunk_length="auto")
+    assert on_devices == on_host.predicted_seconds(net_input, target)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -110,8 +111,17 @@ class ChunkLengthChooser:
         return [(length, count) for count in counts for length in lengths]
 
     def predicted_seconds(self, net_input: Dict[str, Tensor], target: Tensor) -> Dict[Tuple[int, int], float]:
-        """The simulated step of every candidate ``(length, micro-batches)``."""
-        return {(length, count): step_time(self.model, self.plan, net_input, target, self.cost, length,
+        """The simulated step of every candidate ``(length, micro-batches)``,
+        built on a host copy of the batch for the group's placement on host
+        devices: the simulator reads only the cells' shapes, and a step
+        built on the group's devices would copy the batch's pieces to each
+        of them and, on GPUs, wait for the devices (the lengths and the
+        counted target positions are read on the host) once per candidate
+        and micro-batch; this way a new shape costs one copy of its batch."""
+        host_input = {key: value.cpu() for key, value in net_input.items() if torch.is_tensor(value)}
+        host_target = target.cpu()
+        host_plan = replace(self.plan, devices=[torch.device("cpu")] * self.plan.size)
+        return {(length, count): step_time(self.model, host_plan, host_input, host_target, self.cost, length,
                                            micro_batches=count).total
                 for length, count in self.candidates(net_input)}
 
