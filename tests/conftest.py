@@ -17,6 +17,23 @@ BIN = os.path.dirname(sys.executable)
 USER_DIR = os.path.join(REPO, "fairseq_hybrid")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--benchmarks", action="store_true",
+                     help="also run the tests marked benchmark (the benchmark scripts' smoke runs; minutes)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``benchmark`` keep the default run near a quarter of an
+    hour on a 2-core machine: they are skipped, saying how to run them."""
+    if config.getoption("--benchmarks"):
+        return
+    skip = pytest.mark.skip(reason="a benchmark script's smoke run (or a slow run another test covers): "
+                                   "pytest --benchmarks")
+    for item in items:
+        if "benchmark" in item.keywords:
+            item.add_marker(skip)
+
+
 def run(*args, **kwargs):
     """Run a command line; fail the test with its output's tail if it fails."""
     result = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)

@@ -15,6 +15,7 @@ BENCHMARKS = os.path.join(REPO, "benchmarks")
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 def test_bench_suite_smoke(binarized, tmp_path):
     """Every system of the suite, each in its own process, the gloo pair
     included, with an odd batch count (each gloo rank must take the same
@@ -76,6 +77,7 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 def test_bench_translate_smoke(trained, tmp_path):
     """Translating a file, timed side by side: translate.sh (batched) and
     fairseq-interactive on three lines, one of them blank."""
@@ -107,6 +109,7 @@ def test_bench_host_cost_smoke(tmp_path):
     assert all(0 < share < 1 for share in report["lstm_kernel_share_k1_whole"].values())
 
 
+@pytest.mark.benchmark
 def test_profile_training_smoke(binarized, tmp_path):
     """Where an update's time goes: phases that add up to the update, the
     ops with the most self time, the FLOP rates of the heavy work beside the
@@ -124,6 +127,7 @@ def test_profile_training_smoke(binarized, tmp_path):
     assert {"encoder layer 0", "decoder layer 1"} <= report["forward_parts_ms_per_update"].keys()
 
 
+@pytest.mark.benchmark
 def test_bench_one_device_runs_the_baseline_from_its_own_tree(binarized, tmp_path):
     """The side-by-side speed of one device: the baseline commit's
     fairseq_hybrid, exported, and this checkout's, in alternating runs."""

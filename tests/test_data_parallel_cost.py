@@ -152,6 +152,7 @@ def test_ddp_waits_for_its_slowest_rank():
                                                                                        LINK).total
 
 
+@pytest.mark.benchmark
 def test_the_fair_race_on_real_batches(binarized, tmp_path):
     """With --data: per step K batches drawn by fairseq's batch sampler;
     DDP waits for its slowest rank, the group takes them merged; both

@@ -122,7 +122,8 @@ def test_hybrid_group_through_fairseq_train_and_generate(binarized, tmp_path):
         assert "loading it on one device" in generated.stderr + generated.stdout
 
 
-@pytest.mark.parametrize("devices", ["cpu:0,cpu:1", "cpu:0,cpu:0"])
+# two workers on one device: test_virtual_devices.py's test_virtual_workers_sharing_a_device covers the step
+@pytest.mark.parametrize("devices", ["cpu:0,cpu:1", pytest.param("cpu:0,cpu:0", marks=pytest.mark.benchmark)])
 def test_virtual_group_through_fairseq_train(binarized, devices):
     """The same 20 updates on 2 virtual devices (cpu:0, cpu:1 told apart as
     two GPUs are, FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1), and on two workers that
