@@ -239,7 +239,8 @@ def gnmt_calibration(args, per_gpu_batches=None) -> Dict:
     one = predicted_step(model, cfg, 1, "hybrid", one_cost, *per_gpu)
     model_bytes = gradient_bytes(model)
     report: Dict = {"published_ddp": list(GNMT_V100_DDP_4), "flop_rate": rate, "host_model": host_model,
-                    "one_device_tokens_per_s": GNMT_V100_TOKENS_PER_S, "parameters": sum(p.numel() for p in model.parameters()),
+                    "one_device_tokens_per_s": GNMT_V100_TOKENS_PER_S,
+                    "parameters": sum(p.numel() for p in model.parameters()),
                     "ddp": speedup(one, data_parallel_step(one, model_bytes, 4, one_cost), 4)}
     if per_gpu_batches:
         steps = min(args.real_steps, len(per_gpu_batches) // 4)

@@ -27,6 +27,11 @@ def weighted_slices(batch_size: int, weights: Sequence[int]) -> List[slice]:
     sizes = [int(value) for value in exact]
     for index in sorted(range(len(weights)), key=lambda i: (sizes[i] - exact[i], i))[: batch_size - sum(sizes)]:
         sizes[index] += 1
+    return _consecutive(sizes)
+
+
+def _consecutive(sizes: Sequence[int]) -> List[slice]:
+    """Slices of the given sizes, one after another from row 0."""
     slices, start = [], 0
     for size in sizes:
         slices.append(slice(start, start + size))
@@ -63,11 +68,7 @@ def dealt_slices(first_row: int, rows: int, weights: Sequence[int]) -> List[slic
     share of them as :func:`dealt_rows` deals the batch (a slice may be
     empty)."""
     before, after = dealt_rows(first_row, tuple(weights)), dealt_rows(first_row + rows, tuple(weights))
-    slices, start = [], 0
-    for low, high in zip(before, after):
-        slices.append(slice(start, start + high - low))
-        start += high - low
-    return slices
+    return _consecutive([high - low for low, high in zip(before, after)])
 
 
 def batch_slices(batch_size: int, count: int) -> List[slice]:

@@ -30,8 +30,8 @@ from .chunk_choice import candidate_lengths
 from .schedule_simulator import CostModel, StepTime, flops, step_time
 
 __all__ = ["KINDS", "PHASES", "COST_SETS", "HOST_MODELS", "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
-           "GNMT_V100_DDP_4", "P100_RATE", "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate", "set_costs",
-           "total_flops", "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step",
+           "GNMT_V100_DDP_4", "P100_RATE", "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate",
+           "set_costs", "total_flops", "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step",
            "best_chunk_length"]
 
 KINDS = ("lstm", "attention_softmax", "embedding", "gather")

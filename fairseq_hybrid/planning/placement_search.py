@@ -33,6 +33,7 @@ from .twin_model import batch
 logger = logging.getLogger(__name__)
 
 NOMINAL_BATCH = (64, 24, 24)  # sentences, source length, target length
+SHARD_RESOLUTION = 100  # shard weights sum to about this
 
 
 def placements(encoder_layers: int, decoder_layers: int, devices: int):
@@ -89,7 +90,7 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
                 plan = build_plan(names, plain, mode, *layers)
                 even = balanced_shard_weights(model, plan, net_input, target, chunk_length, micro_batches)
                 # and a quarter, half and three quarters of the way from equal shards to even work
-                equal = 100 // len(devices)
+                equal = SHARD_RESOLUTION // len(devices)
                 candidates += [placement_text(encoder, decoder, reverse, even)]
                 candidates += [placement_text(encoder, decoder, reverse,
                                               tuple((4 - j) * equal + j * weight for weight in even))
@@ -128,7 +129,7 @@ def best_placement(model, cfg, devices: Sequence[torch.device], cost: Optional[C
 
 
 def balanced_shard_weights(model, plan, net_input, target, chunk_length: int = 0, micro_batches: int = 1,
-                           resolution: int = 100) -> Tuple[int, ...]:
+                           resolution: int = SHARD_RESOLUTION) -> Tuple[int, ...]:
     """Attention-softmax shard weights (summing to about ``resolution``)
     that even out the devices' floating-point work: each device's work
     outside the attention-softmax part is counted from the step's cells,
