@@ -77,6 +77,33 @@ def test_micro_batches_are_chosen_with_the_chunk_length():
     assert chooser(0.0, micro_batches="auto")(*batch(3, [40] * 3, 40))[1] <= 3  # never more than the sentences
 
 
+def test_the_search_stops_once_two_counts_in_a_row_are_no_faster():
+    """auto tries counts of micro-batches from the fewest up and stops after
+    two counts in a row that are no faster than the best before them: on
+    CPU devices, where one micro-batch wins, eight are never simulated; and
+    it still finds the whole search's best, also where two micro-batches
+    lose to one but four win (short sentences, CPU cost model, one chunk a
+    layer), which stopping at the first count no faster would miss."""
+    model, cfg = twin_model("hybrid_lstm_base", 8000)
+    plan = build_plan("cpu,cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    on_cpu = ChunkLengthChooser(model, plan, None, "auto", 0)
+    sample = batch(200, [10] * 200, 10)
+    assert {count for _, count in on_cpu.predicted_seconds(*sample, stop_early=True)} == {1, 2, 4}
+    assert on_cpu(*sample) == (0, 1)
+    paper, paper_cfg = twin_model("hybrid_lstm_paper", 32000)
+    four = build_plan("cpu,cpu,cpu,cpu", "", "hybrid", paper_cfg.encoder_layers, paper_cfg.decoder_layers)
+    for cost in (default_cost_model([torch.device("cpu")] * 2), default_cost_model(), CostModel()):
+        for sentences, source, target_length in ((16, 5, 6), (64, 30, 28)):
+            choose = ChunkLengthChooser(paper, four, cost, "auto", "auto")
+            sample = batch(sentences, [source] * sentences, target_length)
+            whole = choose.predicted_seconds(*sample)
+            assert whole[choose(*sample)] <= 1.001 * min(whole.values())
+    cpu = ChunkLengthChooser(paper, four, default_cost_model([torch.device("cpu")] * 2), "auto", "auto")
+    best = {count: min(seconds for (_, tried), seconds in cpu.predicted_seconds(*batch(16, [5] * 16, 6)).items()
+                       if tried == count) for count in (1, 2, 4)}
+    assert best[2] >= best[1] > best[4]  # the case a single count no faster would stop on
+
+
 def test_a_shape_is_chosen_once_and_sentence_counts_share_a_bucket():
     choose = chooser(0.0)
     calls = []

@@ -102,34 +102,62 @@ class ChunkLengthChooser:
             self.choices[key] = self.choose(net_input, target)
         return self.choices[key]
 
-    def candidates(self, net_input: Dict[str, Tensor]) -> List[Tuple[int, int]]:
-        sentences, source_width = net_input["src_tokens"].shape
-        lengths = (candidate_lengths(source_width, net_input["prev_output_tokens"].size(1))
-                   if self.chunk_length == AUTO else [self.chunk_length])
-        counts = ([count for count in MICRO_BATCH_COUNTS if count <= sentences]
-                  if self.micro_batches == AUTO else [self.micro_batches])
-        return [(length, count) for count in counts for length in lengths]
+    def lengths(self, net_input: Dict[str, Tensor]) -> List[int]:
+        """The chunk lengths to try for this batch (the fixed one unless auto)."""
+        return (candidate_lengths(net_input["src_tokens"].size(1), net_input["prev_output_tokens"].size(1))
+                if self.chunk_length == AUTO else [self.chunk_length])
 
-    def predicted_seconds(self, net_input: Dict[str, Tensor], target: Tensor) -> Dict[Tuple[int, int], float]:
+    def counts(self, net_input: Dict[str, Tensor]) -> List[int]:
+        """The counts of micro-batches to try, fewest first (never more than
+        the batch's sentences; the fixed one unless auto)."""
+        sentences = net_input["src_tokens"].size(0)
+        return ([count for count in MICRO_BATCH_COUNTS if count <= sentences]
+                if self.micro_batches == AUTO else [self.micro_batches])
+
+    def predicted_seconds(self, net_input: Dict[str, Tensor], target: Tensor,
+                          stop_early: bool = False) -> Dict[Tuple[int, int], float]:
         """The simulated step of every candidate ``(length, micro-batches)``,
         built on a host copy of the batch for the group's placement on host
         devices: the simulator reads only the cells' shapes, and a step
         built on the group's devices would copy the batch's pieces to each
         of them and, on GPUs, wait for the devices (the lengths and the
         counted target positions are read on the host) once per candidate
-        and micro-batch; this way a new shape costs one copy of its batch."""
+        and micro-batch; this way a new shape costs one copy of its batch.
+
+        ``stop_early``: counts of micro-batches are tried from the fewest up
+        and the search stops once two counts in a row are no faster than the
+        best before them.  More micro-batches shrink the pipeline's fill and
+        drain (``(K - 1) / (M + K - 1)``) while every one adds its cells'
+        fixed costs and, on a GPU, smaller cells run at a lower throughput,
+        so past the best count the step mostly grows; one count that is no
+        faster is not enough to stop (with one chunk a layer, four
+        micro-batches can beat one where two do not).  The largest count
+        costs the most to simulate (its cells grow with it): where
+        micro-batches do not pay (CPU devices), a new shape then costs
+        about half the simulation."""
         host_input = {key: value.cpu() for key, value in net_input.items() if torch.is_tensor(value)}
         host_target = target.cpu()
         host_plan = replace(self.plan, devices=[torch.device("cpu")] * self.plan.size)
-        return {(length, count): step_time(self.model, host_plan, host_input, host_target, self.cost, length,
-                                           micro_batches=count).total
-                for length, count in self.candidates(net_input)}
+        times: Dict[Tuple[int, int], float] = {}
+        best, worse = None, 0
+        for count in self.counts(net_input):
+            for length in self.lengths(net_input):
+                times[length, count] = step_time(self.model, host_plan, host_input, host_target, self.cost, length,
+                                                 micro_batches=count).total
+            fastest = min(seconds for (_, tried), seconds in times.items() if tried == count)
+            if best is None or fastest < best:
+                best, worse = fastest, 0
+            else:
+                worse += 1
+                if stop_early and worse == 2:
+                    break
+        return times
 
     def choose(self, net_input: Dict[str, Tensor], target: Tensor) -> Tuple[int, int]:
         """The fastest candidate; between near-equal ones (within 0.1%),
         the one with the fewest cells (the least host work), chunk length 0
         and one micro-batch first."""
-        times = self.predicted_seconds(net_input, target)
+        times = self.predicted_seconds(net_input, target, stop_early=True)
         widths = (net_input["src_tokens"].size(1), net_input["prev_output_tokens"].size(1))
 
         def cells(choice: Tuple[int, int]) -> int:
