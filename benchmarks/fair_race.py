@@ -23,7 +23,8 @@ From the schedule simulator replaying the engine's own cells
    micro-batches (searched placement) against DDP at 128 per GPU, under
    the P100 and A100 cost sets of ``benchmarks/predict_speedups.py``, with
    the host time per cell of ``--host-cost`` (at K = 4 also for the model
-   without its bidirectional layer);
+   without its bidirectional layer), and groups under DDP: two groups of
+   two on 4 GPUs, two of four on 8;
 3. with ``--data`` (a binarized corpus, e.g. the main job's
    ``work/tatoeba_ja_en/bin``): both on real batches, drawn as fairseq's
    batch sampler draws them at ``--max-tokens`` per GPU (default 6400, the
@@ -145,6 +146,18 @@ def bound_table(args, sample) -> Dict:
     return rows
 
 
+def groups_under_ddp(model, cfg, one, one_cost: CostModel, cost: CostModel, group: Dict, k: int,
+                     groups: int) -> Dict:
+    """``groups`` groups of ``k`` under DDP, each at ``group``'s step (its
+    K x 128 sentences): the all-reduce runs between twins, so the device
+    that owns the most parameters decides; beside DDP on all their GPUs."""
+    owned = max(owned_bytes(model, cfg, k, group["placement"]))
+    gpus = groups * k
+    return {"ddp": speedup(one, data_parallel_step(one, gradient_bytes(model), gpus, one_cost), gpus),
+            "group": speedup(one, data_parallel_step(group["step"], owned, groups, cost), gpus),
+            **{key: group[key] for key in ("micro_batches", "chunk_length", "placement")}}
+
+
 def race_table(args, host_model: str) -> Dict:
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
@@ -165,14 +178,10 @@ def race_table(args, host_model: str) -> Dict:
                 "ddp": speedup(one, ddp, k), "group": speedup(one, group["step"], k),
                 "micro_batches": group["micro_batches"], "chunk_length": group["chunk_length"],
                 "placement": group["placement"]}
+            if k == 2:  # on 4 GPUs: two groups of two, the other way to use them
+                rows["2 groups x 2 (4 GPUs)"] = groups_under_ddp(model, cfg, one, one_cost, cost, group, 2, 2)
             if k == 4 and args.eight:
-                # two groups of four under DDP: each group's step at 512 sentences, the all-reduce between twins
-                owned = max(owned_bytes(model, cfg, 4, group["placement"]))
-                two = data_parallel_step(group["step"], owned, 2, cost)
-                rows["2 groups x 4 (8 GPUs)"] = {"ddp": speedup(one, data_parallel_step(one, model_bytes, 8,
-                                                                                        one_cost), 8),
-                                                 "group": speedup(one, two, 8), **{key: group[key] for key in (
-                                                     "micro_batches", "chunk_length", "placement")}}
+                rows["2 groups x 4 (8 GPUs)"] = groups_under_ddp(model, cfg, one, one_cost, cost, group, 4, 2)
             print(f"{name} ({host_model} host) K={k}: DDP {rows[f'K={k}']['ddp']:.2f}x, group {rows[f'K={k}']['group']:.2f}x "
                   f"(M={group['micro_batches']}, chunk {group['chunk_length']})", flush=True)
             if k == 4 and args.plain:
@@ -263,14 +272,18 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]], per_gpu_batches
     ``--max-tokens`` (what a user would give it: sentences of similar
     length), and, for comparison, the same K per-GPU batches merged (padded
     to the longest), each at its best count of micro-batches and chunk
-    length (the placement found at equal batches)."""
+    length (the placement found at equal batches).  With K = 2, also two
+    groups of two under DDP on 4 GPUs, each step waiting for the slower
+    group."""
     steps = args.real_steps
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
     model_bytes = gradient_bytes(model)
     report: Dict = {"max_tokens": args.max_tokens, "steps": steps, "host_model": args.host_models[0],
                     "sentences_per_batch": sum(len(part[0]) for part in per_gpu_batches) / len(per_gpu_batches)}
-    group_batches = {k: real_batches(args.data, k * args.max_tokens, steps) for k in args.groups}
+    # a group's own batches; for two groups of two under DDP, twice as many of K = 2's
+    group_batches = {k: real_batches(args.data, k * args.max_tokens, steps * (2 if k == 2 else 1))
+                     for k in args.groups}
     for name in ("p100", "a100"):
         costs = set_of(args, name, model, cfg, per_gpu, args.host_models[0])
         one_cost = costs(1)[1]
@@ -280,19 +293,35 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]], per_gpu_batches
         for k in args.groups:
             cost = costs(k)[0]
 
-            def group_seconds(parts):
+            def group_step(parts):
                 return best_group(model, cfg, k, cost, as_batch(parts), args.micro_batches, (0, 0),
-                                  placement=placements[name][k])["step"].total
+                                  placement=placements[name][k])["step"]
 
-            own_rate = tokens_of(group_batches[k]) / sum(group_seconds([part]) for part in group_batches[k])
-            merged_rate = tokens_of(per_gpu_batches[:steps * k]) / sum(
-                group_seconds(per_gpu_batches[i * k:(i + 1) * k]) for i in range(steps))
+            own = [group_step([part]) for part in group_batches[k]]
+            own_rate = tokens_of(group_batches[k][:steps]) / sum(step.total for step in own[:steps])
+            merged = [group_step(per_gpu_batches[i * k:(i + 1) * k]) for i in range(steps * (2 if k == 2 else 1))]
+            merged_rate = tokens_of(per_gpu_batches[:steps * k]) / sum(step.total for step in merged[:steps])
             rows[f"K={k}"] = {"ddp": ddp_on_real_batches(ones, per_gpu_batches, k, steps, model_bytes, one_cost),
                               "group": own_rate / one_rate,
                               "group_merged": merged_rate / one_rate}
             print(f"{name} K={k} on real batches: DDP {rows[f'K={k}']['ddp']:.2f}x, group "
                   f"{rows[f'K={k}']['group']:.2f}x (the K batches merged: {rows[f'K={k}']['group_merged']:.2f}x)",
                   flush=True)
+            if k == 2:
+                # two groups of two under DDP on 4 GPUs: each step waits for the slower group
+                owned = max(owned_bytes(model, cfg, 2, placements[name][2]))
+
+                def under_ddp(steps_of, parts):
+                    seconds = sum(data_parallel_step_of(steps_of[2 * i:2 * i + 2], owned, cost).total
+                                  for i in range(steps))
+                    return tokens_of(parts) / seconds / one_rate
+
+                rows["2 groups x 2 (4 GPUs)"] = {
+                    "ddp": ddp_on_real_batches(ones, per_gpu_batches, 4, steps, model_bytes, one_cost),
+                    "group": under_ddp(own, group_batches[2]),
+                    "group_merged": under_ddp(merged, per_gpu_batches[:4 * steps])}
+                print(f"{name} 2 groups x 2 on real batches: {rows['2 groups x 2 (4 GPUs)']['group']:.2f}x",
+                      flush=True)
         report[name] = rows
     return report
 
@@ -332,7 +361,8 @@ def markdown(report: Dict) -> str:
                   f"{real['max_tokens']}`, {real['sentences_per_batch']:.0f} sentences a batch on average; host "
                   f"{real['host_model']}): DDP's "
                   "ranks each take a batch and wait for the slowest; the group takes a batch of K x "
-                  "`--max-tokens` (in brackets: the same K batches merged, padded to the longest); tokens/s over "
+                  "`--max-tokens` (in brackets: the same K batches merged, padded to the longest), two groups of "
+                  "two each a batch of 2 x `--max-tokens` and the step waits for the slower; tokens/s over "
                   "one GPU's on the per-GPU batches:", "",
                   "| GPUs | P100 set: DDP | group | A100 set: DDP | group |", "| --- | ---: | ---: | ---: | ---: |"]
         for name in real["p100"]:

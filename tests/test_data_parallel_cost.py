@@ -92,8 +92,13 @@ def test_the_fair_race_table(tmp_path):
             race = report["race"][host_model][name]["K=2"]
             assert race["ddp"] == pytest.approx(2.0, rel=0.05) and race["group"] > 1.0
             assert race["micro_batches"] in (1, 2) and race["chunk_length"] == 0
+            # two groups of two under DDP on 4 GPUs: twice one group's tokens a step, less the all-reduce
+            twice = report["race"][host_model][name]["2 groups x 2 (4 GPUs)"]
+            assert twice["ddp"] == pytest.approx(4.0, rel=0.05)
+            assert 1.5 * race["group"] < twice["group"] <= 2 * race["group"] * (1 + 1e-9)
     text = (tmp_path / "fair_race.md").read_text()
-    assert text.count("| K=2 |") == 2 and "the pessimistic end" in text
+    assert text.count("| K=2 |") == 2 and text.count("| 2 groups x 2 (4 GPUs) |") == 2
+    assert "the pessimistic end" in text
     # GNMT v2's published setting: an ideal DDP near 4x, beside the published 3.53-3.67x
     gnmt = report["gnmt_v100"]
     assert gnmt["published_ddp"] == [3.53, 3.67] and 3.8 < gnmt["ddp"] <= 4.0 + 1e-9 and gnmt["group"] > 1.0
@@ -167,6 +172,8 @@ def test_the_fair_race_on_real_batches(binarized, tmp_path):
     for name in ("p100", "a100"):
         row = real[name]["K=2"]
         assert 1.0 < row["ddp"] <= 2.0 + 1e-9 and row["group"] > 0.5 and row["group_merged"] > 0.5
+        twice = real[name]["2 groups x 2 (4 GPUs)"]  # each step waits for the slower group
+        assert row["ddp"] < twice["ddp"] <= 4.0 + 1e-9 and 0.5 < twice["group"] <= 2 * row["group"] * 1.5
     assert "On real batches" in (tmp_path / "fair_race.md").read_text()
     assert 1.0 < report["gnmt_v100"]["ddp_real_batches"] <= report["gnmt_v100"]["ddp"] + 1e-9
 
