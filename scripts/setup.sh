@@ -27,9 +27,10 @@ pip_install ${TORCH_SPEC:-torch==2.13.0} setuptools==84.2.1 wheel==0.48.0 cython
 echo "[setup] fairseq-fixed (official fairseq 0.12.2 does not import on Python 3.11); first build takes ~4 minutes"
 pip_install --no-build-isolation fairseq-fixed==0.12.3.1
 
-echo "[setup] tokenisers, scoring, tests, plots, tensorboard logging"
+echo "[setup] tokenisers, scoring, tests (pytest, and pytest-xdist for one test process per core), plots, tensorboard logging"
 pip_install sentencepiece==0.2.3 'sacrebleu[ja]==2.6.0' mecab-python3==1.0.12 ipadic==1.0.0 \
-  omegaconf==2.3.0 hydra-core==1.3.2 pytest==9.2.0 matplotlib==3.11.2 tensorboardX==2.6.5 protobuf==7.36.2
+  omegaconf==2.3.0 hydra-core==1.3.2 pytest==9.2.0 pytest-xdist==3.8.0 execnet==2.1.2 matplotlib==3.11.2 \
+  tensorboardX==2.6.5 protobuf==7.36.2
 # fairseq-fixed pulls torchaudio, which does not load beside the CPU torch;
 # nothing here uses it, and an absent module fails cleanly where a broken one crashes.
 "$py" -m pip uninstall --quiet -y torchaudio 2>/dev/null || true
