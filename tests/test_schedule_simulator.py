@@ -23,6 +23,24 @@ def test_fit_recovers_rate_per_step_and_fixed_costs():
     assert abs(cost.per_step["lstm/forward"] - 0.002) < 1e-9 and abs(cost.fixed["lstm/forward"] - 0.01) < 1e-9
 
 
+def test_fit_leaves_out_cells_slowed_by_something_else():
+    """A few cells slowed by something outside them (here 3 of 40, ten
+    times their time) are left out of the fit: the rate, the cost per time
+    step and the fixed cost are those of the other cells.  Kept in, least
+    squares would drop the rate and the fixed cost altogether (both come
+    out negative) and price every cell by its time steps alone."""
+    samples = []
+    for index in range(40):
+        tokens, steps = 100 * (1 + index % 8), 2 + (index * 7) % 30
+        work = Work("lstm", tokens, (8, 8, steps))
+        seconds = flops(work, "forward") / 1e9 + 0.002 * steps + 0.01
+        samples.append((work, "forward", seconds * (10 if index in (5, 17, 29) else 1)))
+    cost = fit(samples)
+    assert cost.rates["lstm/forward"] == pytest.approx(1e9, rel=1e-6)
+    assert cost.per_step["lstm/forward"] == pytest.approx(0.002, rel=1e-6)
+    assert cost.fixed["lstm/forward"] == pytest.approx(0.01, rel=1e-6)
+
+
 def test_replay_follows_dependencies_devices_and_links():
     one = Work("gather", 1, (1,))
     cells = [Cell("a", 0, [], None, one), Cell("b", 1, [], None, one), Cell("c", 1, [(0, 0)], None, one),
