@@ -25,11 +25,14 @@ import os
 
 __version__ = "0.1.0"
 
-from . import fairseq_patches  # noqa: E402
+from .fairseq_root_logging import root_logging_kept  # noqa: E402
 
-fairseq_patches.install()
+with root_logging_kept():  # importing fairseq sets the root logger to DEBUG: undone
+    from . import fairseq_patches  # noqa: E402
 
-from . import criterions, ja_mecab_bleu, models  # noqa: E402,F401
+    fairseq_patches.install()
+
+    from . import criterions, ja_mecab_bleu, models  # noqa: E402,F401
 
 if os.environ.get("FAIRSEQ_HYBRID_VIRTUAL_DEVICES", "") in ("1", "true", "yes"):
     from .harness import virtual_devices

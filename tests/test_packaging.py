@@ -27,3 +27,33 @@ def test_module_prints_the_user_dir(tmp_path):
     result = subprocess.run([sys.executable, "-m", "fairseq_hybrid"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == os.path.join(REPO, "fairseq_hybrid")
+
+
+def test_importing_the_package_leaves_the_programs_logging_to_it(tmp_path):
+    """Importing fairseq sets the root logger to DEBUG with a handler
+    (fairseq's wav2vec2_classification calls ``logging.basicConfig`` at
+    import): after ``import fairseq_hybrid`` a program's root logger is as
+    Python leaves it, no library's debug line is printed, and the program's
+    own ``logging.basicConfig`` takes effect; a program that configured
+    logging before keeps its configuration."""
+    fresh = (
+        "import logging\n"
+        "import fairseq_hybrid\n"
+        "root = logging.getLogger()\n"
+        "print(root.level, len(root.handlers))\n"
+        "logging.getLogger('some.library').debug('a debug line of a library')\n"
+        "logging.basicConfig(level=logging.INFO, format='mine: %(message)s')\n"
+        "logging.getLogger('program').info('its own line')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", fresh], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["30", "0"]  # WARNING, no handler: Python's defaults
+    assert "a debug line of a library" not in result.stderr and "mine: its own line" in result.stderr
+    configured = (
+        "import logging\n"
+        "logging.basicConfig(level=logging.DEBUG, format='before: %(message)s')\n"
+        "import fairseq_hybrid\n"
+        "logging.getLogger('some.library').debug('still shown')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", configured], cwd=tmp_path, capture_output=True, text=True,
+                            check=True)
+    assert "before: still shown" in result.stderr
