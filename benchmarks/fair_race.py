@@ -64,7 +64,8 @@ from fairseq_hybrid.parallel import build_hybrid_step, build_plan
 from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
                                                        owned_bytes, speedup)
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
-                                               HOST_MODELS, best_chunk_length, predicted_step, set_costs, set_rate)
+                                               HOST_MODELS, STEP_US, best_chunk_length, predicted_step, set_costs,
+                                               set_rate)
 from fairseq_hybrid.planning.placement_search import best_placement
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
@@ -76,7 +77,7 @@ def set_of(args, name: str, model, cfg, per_gpu, host_model: str):
     """The cost set ``name`` under ``host_model``: a function of K giving
     the group's and one device's cost models (the A100 set's rate solved
     for ``--one-device-tokens-per-s`` on one device)."""
-    step_us = 20.0 if name == "p100" else 10.0
+    step_us = STEP_US[name]
     rate = set_rate(name, model, cfg, per_gpu, args.host_cost, step_us, host_model, args.one_device_tokens_per_s)
     return lambda k: set_costs(name, args.host_cost, k, step_us, rate, host_model)
 
@@ -182,7 +183,8 @@ def race_table(args, host_model: str) -> Dict:
                 rows["2 groups x 2 (4 GPUs)"] = groups_under_ddp(model, cfg, one, one_cost, cost, group, 2, 2)
             if k == 4 and args.eight:
                 rows["2 groups x 4 (8 GPUs)"] = groups_under_ddp(model, cfg, one, one_cost, cost, group, 4, 2)
-            print(f"{name} ({host_model} host) K={k}: DDP {rows[f'K={k}']['ddp']:.2f}x, group {rows[f'K={k}']['group']:.2f}x "
+            row = rows[f"K={k}"]
+            print(f"{name} ({host_model} host) K={k}: DDP {row['ddp']:.2f}x, group {row['group']:.2f}x "
                   f"(M={group['micro_batches']}, chunk {group['chunk_length']})", flush=True)
             if k == 4 and args.plain:
                 # the same race for the model without its bidirectional layer (an existing option), each side
@@ -242,7 +244,7 @@ def gnmt_calibration(args, per_gpu_batches=None) -> Dict:
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary, encoder_embed_dim=1024, decoder_embed_dim=1024)
     per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
     host_model = args.host_models[0]
-    step_us = 10.0
+    step_us = STEP_US["v100"]
     rate = set_rate("v100", model, cfg, per_gpu, args.host_cost, step_us, host_model, GNMT_V100_TOKENS_PER_S)
     group_cost, one_cost = set_costs("v100", args.host_cost, 4, step_us, rate, host_model)
     one = predicted_step(model, cfg, 1, "hybrid", one_cost, *per_gpu)
@@ -357,13 +359,12 @@ def markdown(report: Dict) -> str:
               "these figures: DDP's stragglers (below, on real batches)."]
     real = report.get("real_batches")
     if real:
-        lines += ["", f"On real batches, drawn by fairseq's batch sampler ({real['steps']} steps; per GPU `--max-tokens "
-                  f"{real['max_tokens']}`, {real['sentences_per_batch']:.0f} sentences a batch on average; host "
-                  f"{real['host_model']}): DDP's "
-                  "ranks each take a batch and wait for the slowest; the group takes a batch of K x "
-                  "`--max-tokens` (in brackets: the same K batches merged, padded to the longest), two groups of "
-                  "two each a batch of 2 x `--max-tokens` and the step waits for the slower; tokens/s over "
-                  "one GPU's on the per-GPU batches:", "",
+        lines += ["", f"On real batches, drawn by fairseq's batch sampler ({real['steps']} steps; per GPU "
+                  f"`--max-tokens {real['max_tokens']}`, {real['sentences_per_batch']:.0f} sentences a batch on "
+                  f"average; host {real['host_model']}): DDP's ranks each take a batch and wait for the slowest; "
+                  "the group takes a batch of K x `--max-tokens` (in brackets: the same K batches merged, padded "
+                  "to the longest), two groups of two each a batch of 2 x `--max-tokens` and the step waits for "
+                  "the slower; tokens/s over one GPU's on the per-GPU batches:", "",
                   "| GPUs | P100 set: DDP | group | A100 set: DDP | group |", "| --- | ---: | ---: | ---: | ---: |"]
         for name in real["p100"]:
             p, a = real["p100"][name], real["a100"][name]

@@ -62,8 +62,9 @@ from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import Cell
 from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes, speedup
 from fairseq_hybrid.planning.twin_model import batch, twin_model
-from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, HOST_MODELS, best_chunk_length, cost_set,
-                                               group_host, host_fixed, predicted_step, rate_of, set_costs, set_rate)
+from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, HOST_MODELS, STEP_US, best_chunk_length,
+                                               cost_set, group_host, host_fixed, predicted_step, rate_of, set_costs,
+                                               set_rate)
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 
@@ -103,7 +104,7 @@ def table(args) -> Dict:
     report["bounds"]["hybrid K=4, both"] = bound(4, "hybrid", plain, plain_cfg, without_decoder_initial_state)
 
     for name in ("p100", "a100"):
-        step_us = 20.0 if name == "p100" else 10.0
+        step_us = STEP_US[name]
         rows = {}
         # the one-device rate: given (P100) or solved for the one-device tokens/s (GNMT v2's one-A100
         # figure unless measured) with one worker's host cost

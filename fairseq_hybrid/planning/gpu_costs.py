@@ -29,7 +29,7 @@ from ..parallel import build_hybrid_step, build_plan
 from .chunk_choice import candidate_lengths
 from .schedule_simulator import CostModel, StepTime, flops, step_time
 
-__all__ = ["KINDS", "PHASES", "COST_SETS", "HOST_MODELS", "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
+__all__ = ["KINDS", "PHASES", "COST_SETS", "STEP_US", "HOST_MODELS", "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
            "GNMT_V100_DDP_4", "P100_RATE", "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate",
            "set_costs", "total_flops", "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step",
            "best_chunk_length"]
@@ -43,6 +43,9 @@ COST_SETS = {
     # over about 160M fp32 parameters at 900 GB/s in about 5 ms
     "v100": {"step_overhead": 5e-3, "link_bandwidth": 100e9, "link_latency": 10e-6},
 }
+
+# the latency of one LSTM time step forward (twice backward) each set assumes, in microseconds
+STEP_US = {"p100": 20.0, "a100": 10.0, "v100": 10.0}
 
 HOST_MODELS = ("queued", "summed")
 
