@@ -51,6 +51,7 @@ Writes fair_race.json and fair_race.md into --out.  Minutes: no training.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -97,8 +98,9 @@ def searched(model, cfg, k: int, cost: CostModel, sample, micro_batches: int, le
     placement's own best chunk length: ``(placement, length, step)``."""
     default_length, _ = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
                                           micro_batches=micro_batches)
-    cfg.hybrid_chunk_length, cfg.hybrid_micro_batches = default_length, micro_batches
-    placement = best_placement(model, cfg, [torch.device("cpu")] * k, cost,
+    asked = copy.copy(cfg)  # the options auto would see, the caller's left as they are
+    asked.hybrid_chunk_length, asked.hybrid_micro_batches = default_length, micro_batches
+    placement = best_placement(model, asked, [torch.device("cpu")] * k, cost,
                                shape=(sample[1].size(0), PER_GPU[1], PER_GPU[2]))[0]
     length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths, placement=placement,
                                      micro_batches=micro_batches)
