@@ -222,17 +222,23 @@ def fit(samples: Sequence[Tuple[Work, str, float]], step_overhead: float = 0.0) 
         groups.setdefault(f"{sample[0].kind}/{sample[1]}", []).append(sample)
     model = CostModel(step_overhead=step_overhead)
     for key, points in groups.items():
+        # the terms' columns, one row a cell, made once for every round of the fit
+        columns = {"flops": np.array([flops(work, phase) for work, phase, _ in points]),
+                   "fixed": np.ones(len(points))}
+        if points[0][0].kind == "lstm":
+            columns["steps"] = np.array([float(work.sizes[2]) for work, _, _ in points])
         measured = np.array([seconds for _, _, seconds in points])
         weights = np.ones(len(points))
         for _ in range(ROBUST_ROUNDS):
-            values = _fit_terms(points, weights)
-            predicted = np.array([_predicted(values, work, phase) for work, phase, _ in points])
+            values = _fit_terms(columns, measured, weights)
+            predicted = sum(values[name] * columns[name] for name in values)
             # rows scaled by 1 / sqrt(|residual|): least squares then minimises the absolute deviations
             weights = 1.0 / np.sqrt(np.maximum(np.abs(measured - predicted), 1e-6 * np.maximum(measured, 1e-12)))
         deviation = np.abs(measured - predicted) / np.maximum(measured, 1e-12)
-        limit = OUTLIER_SPREAD * float(np.median(deviation)) + 1e-9
-        kept = [point for point, off in zip(points, deviation) if off <= limit]
-        values = _fit_terms(kept if len(kept) >= 3 else points)
+        kept = deviation <= OUTLIER_SPREAD * float(np.median(deviation)) + 1e-9
+        if kept.sum() < 3:
+            kept[:] = True
+        values = _fit_terms({name: column[kept] for name, column in columns.items()}, measured[kept])
         model.rates[key] = 1.0 / values["flops"] if values.get("flops", 0) > 0 else float("inf")
         model.fixed[key] = float(values.get("fixed", 0.0))
         if "steps" in values:
@@ -240,31 +246,23 @@ def fit(samples: Sequence[Tuple[Work, str, float]], step_overhead: float = 0.0) 
     return model
 
 
-def _fit_terms(points: Sequence[Tuple[Work, str, float]], weights=None) -> Dict[str, float]:
-    """Least-squares coefficients of the terms of :func:`fit` (seconds per
-    FLOP, per time step, fixed), each point weighted by ``weights`` (all 1
-    by default), the negative ones dropped."""
+def _fit_terms(columns, measured, weights=None) -> Dict[str, float]:
+    """Least-squares coefficients of the terms of :func:`fit` (``columns``:
+    each term's value per cell; seconds per FLOP, per time step, fixed),
+    each row scaled by ``weights`` (all 1 by default), the negative ones
+    dropped."""
     import numpy as np
 
-    columns = {"flops": [flops(work, phase) for work, phase, _ in points], "fixed": [1.0] * len(points)}
-    if points[0][0].kind == "lstm":
-        columns["steps"] = [float(work.sizes[2]) for work, _, _ in points]
-    y = np.array([seconds for _, _, seconds in points])
-    w = np.ones(len(points)) if weights is None else np.asarray(weights, dtype=float)
+    w = np.ones(len(measured)) if weights is None else np.asarray(weights, dtype=float)
     names = list(columns)
     while True:
         x = np.array([columns[name] for name in names]).T
-        coefficients = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)[0]
+        coefficients = np.linalg.lstsq(x * w[:, None], measured * w, rcond=None)[0]
         negative = [name for name, value in zip(names, coefficients) if value < 0]
         if not negative or len(names) == 1:
             break
         names.remove(negative[0])
     return {name: float(value) for name, value in zip(names, np.clip(coefficients, 0, None))}
-
-
-def _predicted(values: Dict[str, float], work: Work, phase: str) -> float:
-    steps = float(work.sizes[2]) if work.kind == "lstm" else 0.0
-    return values.get("flops", 0.0) * flops(work, phase) + values.get("steps", 0.0) * steps + values.get("fixed", 0.0)
 
 
 def samples_from_trace(trace: Sequence[CellTime]) -> List[Tuple[Work, str, float]]:
