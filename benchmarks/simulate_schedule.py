@@ -42,10 +42,16 @@ from fairseq_hybrid.planning.schedule_simulator import CostModel, fit, samples_f
 MODES = ("hybrid", "model", "data")
 
 
-def calibrate(data, samples, arch, chunk_lengths=(0, 4)):
+def calibrate(data, samples, arch, chunk_lengths=(0, 4), group_threads=2):
     """Fit a cost model to one CPU device running the engine, one thread,
     on the batches whole and cut into short time chunks (cells of many
-    sizes, so rates, per-step and fixed costs can be told apart)."""
+    sizes, so rates, per-step and fixed costs can be told apart).
+
+    The time outside the cells (the optimizer, the step's assembly) is
+    measured twice: with one thread, as one device runs, and with
+    ``group_threads``, as the main thread of a group of CPU devices runs it
+    (the suite's groups keep the process's K intra-op threads there; each
+    worker takes one)."""
     torch.set_num_threads(1)
     task, model, criterion = build(data, preset_args(arch, "cpu"))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -53,17 +59,29 @@ def calibrate(data, samples, arch, chunk_lengths=(0, 4)):
     measured, overhead = [], None
     for chunk_length in chunk_lengths:
         model.hybrid_group.chunk_length = chunk_length
-        start = time.perf_counter()
-        with record_cell_times() as trace:
-            train_steps(model, criterion, optimizer, samples[2:])
-        wall = time.perf_counter() - start
+        trace, step_overhead = timed_steps(model, criterion, optimizer, samples[2:])
         measured += samples_from_trace(trace)
-        if overhead is None:
-            overhead = (wall - sum(entry.end - entry.start for entry in trace)) / (len(samples) - 2)
+        overhead = step_overhead if overhead is None else overhead
     cost = fit(measured, step_overhead=overhead)
+    model.hybrid_group.chunk_length = chunk_lengths[0]
+    torch.set_num_threads(group_threads)
+    cost.group_step_overhead = timed_steps(model, criterion, optimizer, samples[2:])[1]
+    torch.set_num_threads(1)
     cost.note = (f"fitted to {len(measured)} cell times of {arch} on one CPU device, one thread, "
-                 f"time chunks {', '.join(map(str, chunk_lengths))} (0: whole sequences)")
+                 f"time chunks {', '.join(map(str, chunk_lengths))} (0: whole sequences); outside the cells "
+                 f"{overhead * 1000:.1f} ms a step with one thread, {cost.group_step_overhead * 1000:.1f} ms "
+                 f"with {group_threads} (a group's main thread)")
     return cost, model
+
+
+def timed_steps(model, criterion, optimizer, samples):
+    """The cells' times of training steps on ``samples`` and the seconds a
+    step spent outside them."""
+    start = time.perf_counter()
+    with record_cell_times() as trace:
+        train_steps(model, criterion, optimizer, samples)
+    wall = time.perf_counter() - start
+    return trace, (wall - sum(entry.end - entry.start for entry in trace)) / len(samples)
 
 
 def validation_system(name, row, k):
@@ -174,11 +192,11 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump({"dependency_bound": bound}, f, indent=2)
         return
-    cost, model = calibrate(args.data, samples, args.arch)
+    measured = json.load(open(args.measured)) if args.measured else None
+    cost, model = calibrate(args.data, samples, args.arch, group_threads=measured["devices"] if measured else 2)
     result = {"cost_model": cost.__dict__, "dependency_bound": bound, "validation": {}, "this_machine": {},
               "paper_setting": {}}
 
-    measured = json.load(open(args.measured)) if args.measured else None
     if measured:
         systems = measured["systems"]
         k = measured["devices"]

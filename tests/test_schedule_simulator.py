@@ -117,6 +117,21 @@ def test_two_devices_predicted_faster_and_data_mode_cells_are_whole_models():
     torch.testing.assert_close(data.forward, one.forward / 2, rtol=1e-6, atol=0)
 
 
+def test_a_group_pays_its_own_time_outside_the_cells():
+    """On K CPU devices the main thread's part of the step runs with K
+    intra-op threads: a group's step takes the group's overhead, one device
+    and data-parallel DDP's per-device step the single device's; a cost
+    model without one (an older file) charges every step the same."""
+    model, cfg = twin_model("hybrid_lstm_base", 8000)
+    net_input, target = batch(8, [6] * 8, 5)
+    cost = CostModel(step_overhead=0.06, group_step_overhead=0.04)
+    assert step_time(model, build_plan("cpu", "", "hybrid", 2, 2), net_input, target, cost).extra == 0.06
+    for mode in ("hybrid", "model", "data"):
+        assert step_time(model, build_plan("cpu,cpu", "", mode, 2, 2), net_input, target, cost).extra == 0.04
+    older = CostModel(step_overhead=0.06)
+    assert step_time(model, build_plan("cpu,cpu", "", "hybrid", 2, 2), net_input, target, older).extra == 0.06
+
+
 def test_replica_copies_hold_up_the_first_cell_and_end_the_backward():
     """A replica's parameters arrive before its first cell may start; its
     gradients leave after its last cell's backward and the step waits for

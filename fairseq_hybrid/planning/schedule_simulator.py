@@ -106,6 +106,10 @@ class CostModel:
     fixed: Dict[str, float] = field(default_factory=dict)  # seconds per cell call
     per_step: Dict[str, float] = field(default_factory=dict)  # seconds per time step of an LSTM cell (latency-bound GPUs)
     step_overhead: float = 0.0  # seconds per step outside the cells
+    # the same for a group of several devices, where it differs (None: step_overhead): on K CPU devices the
+    # main thread's part of the step (the optimizer, the step's assembly) runs with the process's K
+    # intra-op threads while one device alone is calibrated with one
+    group_step_overhead: Optional[float] = None
     link_bandwidth: float = float("inf")  # bytes/s between two devices
     link_latency: float = 0.0  # seconds per transfer between two devices
     slowdown: float = 1.0  # per-cell time factor when all devices run at once (shared memory bandwidth)
@@ -122,6 +126,12 @@ class CostModel:
     # running behind it (a GPU); False: a cell costs fixed + arithmetic on its own worker (CPU devices)
     host_queues: bool = False
     note: str = ""
+
+    def overhead(self, devices: int) -> float:
+        """Seconds per step outside the cells on ``devices`` devices."""
+        if devices > 1 and self.group_step_overhead is not None:
+            return self.group_step_overhead
+        return self.step_overhead
 
     def host_seconds(self, work: Work, phase: str) -> float:
         """The host's part of a cell (its call: op dispatch, the engine)."""
@@ -436,7 +446,7 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
         cells = transform(built.step.cells) if transform is not None else built.step.cells
         copies = replica_copies and _copies(built)
         forward, backward = replay(cells, plan.size, cost, physical_devices, copies=copies or ())
-    return StepTime(forward, backward, cost.step_overhead)
+    return StepTime(forward, backward, cost.overhead(plan.size))
 
 
 def _copies(built) -> List[ReplicaCopy]:
