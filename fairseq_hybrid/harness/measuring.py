@@ -222,6 +222,8 @@ def suite_systems(k: int) -> List[System]:
         System(f"hybrid on {k} devices, placement auto", "group", threads=k, mode="hybrid", placement="auto"),
         System(f"hybrid on {k} devices, micro-batches auto", "group", threads=k, mode="hybrid",
                micro_batches="auto"),
+        System(f"hybrid on {k} devices, placement and micro-batches auto", "group", threads=k, mode="hybrid",
+               placement="auto", micro_batches="auto"),
         System(f"pure model parallel on {k} devices", "group", threads=k, mode="model"),
         System(f"pure data parallel on {k} devices (one process)", "group", threads=k, mode="data"),
         System(f"data parallel across {k} gloo processes", "gloo"),
