@@ -46,6 +46,8 @@ def system_named(name: str, k: int) -> System:
     raise SystemExit(f"no benchmark system {name!r}; the systems: {', '.join(s.name for s in suite_systems(k))}")
 
 
+GROUP_METRICS = ("group_fill", "chunk_len", "micro_batches")
+
 # -- one system, in its own process ---------------------------------------------
 
 
@@ -139,18 +141,25 @@ def run_one(args):
         _, model, criterion, optimizer = systems[index]
         totals[index] = train_steps(model, criterion, optimizer, samples[2:] if timed else samples[:2], device)[0]
 
+    from fairseq.logging import metrics
+
     for timed in (False, True):
-        start = time.perf_counter()
-        if copies == 1:
-            work(0, timed)
-        else:
-            pool = [threading.Thread(target=work, args=(i, timed)) for i in range(copies)]
-            for thread in pool:
-                thread.start()
-            for thread in pool:
-                thread.join()
-        seconds = time.perf_counter() - start
-    return {"tokens": sum(totals), "seconds": seconds, "memory_mib": peak_memory(device, k)}
+        # a group logs what its devices did each step as fairseq metrics (devK_busy, group_fill, and what
+        # auto chose: chunk_len, micro_batches), averaged here over the timed steps as over a log interval
+        with metrics.aggregate(new_root=True) as logged:
+            start = time.perf_counter()
+            if copies == 1:
+                work(0, timed)
+            else:
+                pool = [threading.Thread(target=work, args=(i, timed)) for i in range(copies)]
+                for thread in pool:
+                    thread.start()
+                for thread in pool:
+                    thread.join()
+            seconds = time.perf_counter() - start
+    group = {name: float(value) for name, value in logged.get_smoothed_values().items()
+             if name in GROUP_METRICS or (name.startswith("dev") and name.endswith("_busy"))}
+    return {"tokens": sum(totals), "seconds": seconds, "memory_mib": peak_memory(device, k), "group": group}
 
 
 # -- the suite -------------------------------------------------------------------------
@@ -176,6 +185,18 @@ def write_outputs(result, out):
     lines.append(f"{result['device']}, {k} devices, --max-tokens {result['max_tokens']}, {result['rounds']} rounds x "
                  f"{result['batches']} batches per system, every system in a fresh process per round; "
                  f"one intra-op thread per device unless the name says otherwise; measured {result['date']}.")
+    groups = {name: row["group"] for name, row in rows.items() if row.get("group")}
+    if groups:
+        lines += ["", "| group | " + " | ".join(f"device {i} busy" for i in range(k)) +
+                  " | group fill | micro-batches | chunk length |",
+                  "| --- |" + " ---: |" * (k + 3)]
+        for name, group in groups.items():
+            busy = " | ".join(f"{group.get(f'dev{i}_busy', float('nan')):.0%}" for i in range(k))
+            chosen = " | ".join(f"{group[key]:.2f}" if key in group else "" for key in ("micro_batches", "chunk_len"))
+            lines.append(f"| {name} | {busy} | {group.get('group_fill', float('nan')):.0%} | {chosen} |")
+        lines += ["", "Busy: the share of a step's forward and backward wall time a device spent running its cells "
+                  "(the engine's `devK_busy`, mean of the steps); fill: their mean. Micro-batches and chunk "
+                  "length: the mean of what `auto` chose per step (0: K chunks a sequence), where it chose."]
     table = "\n".join(lines) + "\n"
     with open(os.path.join(out, "bench.md"), "w") as f:
         f.write(table)
@@ -229,7 +250,7 @@ def main(argv=None):
 
     os.makedirs(args.out, exist_ok=True)
     names = [system.name for system in suite_systems(args.devices)]
-    totals = {name: {"tokens": 0, "seconds": 0.0, "memory_mib": {}} for name in names}
+    totals = {name: {"tokens": 0, "seconds": 0.0, "memory_mib": {}, "group": []} for name in names}
     started = time.time()
     for round_index in range(args.rounds):
         for name in names:
@@ -247,6 +268,8 @@ def main(argv=None):
             total["seconds"] += one["seconds"]
             for where, value in one["memory_mib"].items():
                 total["memory_mib"][where] = max(value, total["memory_mib"].get(where, 0.0))
+            if one.get("group"):
+                total["group"].append(one["group"])
             print(f"round {round_index + 1}: {name:48s} {one['tokens'] / one['seconds']:8,.0f} target tokens/s",
                   flush=True)
     result = {"device": args.device, "devices": args.devices, "max_tokens": args.max_tokens,
@@ -258,6 +281,9 @@ def main(argv=None):
                                           "memory_mib": total["memory_mib"], "kind": system.kind,
                                           "mode": system.mode, "placement": system.placement,
                                           "micro_batches": system.micro_batches}
+        if total["group"]:  # each round's mean over its steps, averaged over the rounds
+            result["systems"][system.name]["group"] = {
+                name: sum(one[name] for one in total["group"]) / len(total["group"]) for name in total["group"][0]}
     print()
     print(write_outputs(result, args.out))
     if not args.no_simulation and args.device == "cpu":

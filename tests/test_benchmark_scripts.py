@@ -24,10 +24,16 @@ def test_bench_suite_smoke(binarized, tmp_path):
     run(sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), binarized / "bin", "--batches", "3", "--rounds", "1",
         "--max-tokens", "200", "--no-simulation", "--out", out, timeout=600)
     result = json.load(open(out / "bench.json"))
-    assert len(result["systems"]) == 11
+    assert len(result["systems"]) == 12
     assert all(row["target_tokens_per_s"] > 0 for row in result["systems"].values())
+    # every group reports what its devices did (the engine's own metrics); the other systems have no group
+    groups = {name: row["group"] for name, row in result["systems"].items() if "group" in row}
+    assert set(groups) == {name for name, row in result["systems"].items() if row["kind"] == "group"}
+    assert all(0 < group["dev0_busy"] <= 1 and 0 < group["group_fill"] <= 1 for group in groups.values())
+    assert groups["hybrid on 2 devices, micro-batches auto"]["micro_batches"] >= 1
     table = open(out / "bench.md").read()
     assert "2 independent copies (ceiling)" in table and "data parallel across 2 gloo processes" in table
+    assert "| group | device 0 busy | device 1 busy | group fill |" in table
     assert os.path.getsize(out / "bench.png") > 1000
 
 
