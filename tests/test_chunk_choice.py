@@ -104,15 +104,18 @@ def test_the_search_stops_once_two_counts_in_a_row_are_no_faster():
     assert best[2] >= best[1] > best[4]  # the case a single count no faster would stop on
 
 
-def test_a_shape_is_chosen_once_and_sentence_counts_share_a_bucket():
+def test_a_shape_is_chosen_once_and_sentence_counts_and_widths_share_a_bucket():
     choose = chooser(0.0)
     calls = []
     choose.choose = lambda net_input, target: calls.append(net_input["src_tokens"].shape) or (2, 1)
     for sentences in (57, 64, 60):
         assert choose(*batch(sentences, [12] * sentences, 9)) == (2, 1)
     choose(*batch(65, [12] * 65, 9))
-    choose(*batch(64, [12] * 64, 10))
-    assert len(calls) == 3 and set(choose.choices) == {(64, 12, 9), (72, 12, 9), (64, 12, 10)}
+    choose(*batch(64, [12] * 64, 10))  # target widths 9 and 10 share a bucket of 4
+    choose(*batch(64, [11] * 64, 12))  # source widths 11 and 12 too
+    choose(*batch(64, [12] * 64, 13))
+    choose(*batch(64, [13] * 64, 9))
+    assert len(calls) == 4 and set(choose.choices) == {(64, 12, 12), (72, 12, 12), (64, 12, 16), (64, 16, 12)}
 
 
 def test_the_default_cost_model_counts_host_time_per_cell():

@@ -38,7 +38,13 @@ logger = logging.getLogger(__name__)
 
 CANDIDATE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MICRO_BATCH_COUNTS = (1, 2, 4, 8)
-SENTENCE_BUCKET = 8  # shapes whose sentence counts round up to the same multiple share a choice
+# Shapes whose sentence counts and widths round up to the same multiples share a choice, made on the first
+# batch of them: fairseq's batches by tokens come in hundreds of exact shapes an epoch (about three times
+# fewer buckets on the Tatoeba training split), and each new one costs a simulation of the candidates
+# on the main thread while the devices wait (tenths of a second for hybrid_lstm_base on 2 devices, more for
+# larger models and groups); a neighbouring shape's best is within a fraction of a percent of its own
+SENTENCE_BUCKET = 8
+WIDTH_BUCKET = 4
 
 HOST_SECONDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_seconds_per_cell.json")
 
@@ -75,6 +81,10 @@ def candidate_lengths(source_width: int, target_width: int) -> List[int]:
     return [0] + [length for length in CANDIDATE_LENGTHS if length < longest] + [longest]
 
 
+def _rounded_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 class ChunkLengthChooser:
     """The chunk length and count of micro-batches of each batch shape,
     chosen once per shape among the candidates of what is ``auto`` (the
@@ -92,8 +102,9 @@ class ChunkLengthChooser:
     @staticmethod
     def shape(net_input: Dict[str, Tensor]) -> Tuple[int, int, int]:
         sentences, source_width = net_input["src_tokens"].shape
-        sentences = -(-sentences // SENTENCE_BUCKET) * SENTENCE_BUCKET
-        return sentences, source_width, net_input["prev_output_tokens"].size(1)
+        target_width = net_input["prev_output_tokens"].size(1)
+        return (_rounded_up(sentences, SENTENCE_BUCKET), _rounded_up(source_width, WIDTH_BUCKET),
+                _rounded_up(target_width, WIDTH_BUCKET))
 
     def __call__(self, net_input: Dict[str, Tensor], target: Tensor) -> Tuple[int, int]:
         """``(chunk length, micro-batches)`` for this batch's shape."""
