@@ -46,9 +46,10 @@ def system_named(name: str, k: int) -> System:
     raise SystemExit(f"no benchmark system {name!r}; the systems: {', '.join(s.name for s in suite_systems(k))}")
 
 
-GROUP_METRICS = ("group_fill", "chunk_len", "micro_batches")
-
 # -- one system, in its own process ---------------------------------------------
+
+# what a group logs each step besides its devices' devK_busy (fairseq metrics)
+GROUP_METRICS = ("group_fill", "chunk_len", "micro_batches")
 
 
 def build_system(data, system: System, k, device):

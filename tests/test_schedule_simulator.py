@@ -120,12 +120,16 @@ def test_two_devices_predicted_faster_and_data_mode_cells_are_whole_models():
 def test_a_group_pays_its_own_time_outside_the_cells():
     """On K CPU devices the main thread's part of the step runs with K
     intra-op threads: a group's step takes the group's overhead, one device
-    and data-parallel DDP's per-device step the single device's; a cost
-    model without one (an older file) charges every step the same."""
+    and DDP (a process per device, built on one device's step) the single
+    device's; a cost model without one (an older file) charges every step
+    the same."""
+    from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step
+
     model, cfg = twin_model("hybrid_lstm_base", 8000)
     net_input, target = batch(8, [6] * 8, 5)
     cost = CostModel(step_overhead=0.06, group_step_overhead=0.04)
-    assert step_time(model, build_plan("cpu", "", "hybrid", 2, 2), net_input, target, cost).extra == 0.06
+    one = step_time(model, build_plan("cpu", "", "hybrid", 2, 2), net_input, target, cost)
+    assert one.extra == 0.06 and data_parallel_step(one, 1e6, 2, cost).extra == 0.06
     for mode in ("hybrid", "model", "data"):
         assert step_time(model, build_plan("cpu,cpu", "", mode, 2, 2), net_input, target, cost).extra == 0.04
     older = CostModel(step_overhead=0.06)
