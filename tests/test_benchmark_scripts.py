@@ -37,6 +37,28 @@ def test_bench_suite_smoke(binarized, tmp_path):
     assert os.path.getsize(out / "bench.png") > 1000
 
 
+@pytest.mark.slow
+@pytest.mark.benchmark
+def test_simulate_schedule_smoke(binarized, tmp_path):
+    """Calibration, validation against a suite's measurements, this
+    machine's and the paper setting's predictions, in one JSON: the cost
+    model carries both times outside the cells (one device, one thread; a
+    group's main thread, K threads) and every measured group gets a row."""
+    suite = tmp_path / "bench"
+    run(sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), binarized / "bin", "--batches", "2", "--rounds", "1",
+        "--max-tokens", "200", "--no-simulation", "--out", suite, timeout=600)
+    out = tmp_path / "simulation.json"
+    run(sys.executable, os.path.join(BENCHMARKS, "simulate_schedule.py"), binarized / "bin", "--batches", "2",
+        "--max-tokens", "200", "--devices", "1,2", "--measured", suite / "bench.json", "--json", out, timeout=600)
+    result = json.load(open(out))
+    cost = result["cost_model"]
+    assert cost["step_overhead"] > 0 and cost["group_step_overhead"] > 0 and "with 2 (a group's main thread)" in cost["note"]
+    measured = json.load(open(suite / "bench.json"))["systems"]
+    assert set(result["validation"]) == {name for name, row in measured.items() if row["kind"] == "group"}
+    assert all(row["predicted"] > 0 for row in result["validation"].values())
+    assert result["this_machine"]["hybrid K=2"]["speedup"] > 0 and result["paper_setting"]["predicted"]["hybrid K=4"]
+
+
 def test_bench_suite_refuses_fewer_batches_than_processes(binarized):
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), str(binarized / "bin"),
                              "--batches", "1", "--devices", "2", "--no-simulation"], capture_output=True, text=True)
