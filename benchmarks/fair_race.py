@@ -158,7 +158,13 @@ def groups_under_ddp(model, cfg, one, one_cost: CostModel, cost: CostModel, grou
     gpus = groups * k
     return {"ddp": speedup(one, data_parallel_step(one, gradient_bytes(model), gpus, one_cost), gpus),
             "group": speedup(one, data_parallel_step(group["step"], owned, groups, cost), gpus),
-            **{key: group[key] for key in ("micro_batches", "chunk_length", "placement")}}
+            **chosen(group)}
+
+
+def chosen(group: Dict) -> Dict:
+    """What :func:`best_group` chose for a group: micro-batches, chunk
+    length, placement (as the tables report them)."""
+    return {key: group[key] for key in ("micro_batches", "chunk_length", "placement")}
 
 
 def race_table(args, host_model: str) -> Dict:
@@ -177,10 +183,7 @@ def race_table(args, host_model: str) -> Dict:
             cost = costs(k)[0]
             group = best_group(model, cfg, k, cost, merged, args.micro_batches, args.lengths)
             ddp = data_parallel_step(one, model_bytes, k, one_cost)
-            rows[f"K={k}"] = {
-                "ddp": speedup(one, ddp, k), "group": speedup(one, group["step"], k),
-                "micro_batches": group["micro_batches"], "chunk_length": group["chunk_length"],
-                "placement": group["placement"]}
+            rows[f"K={k}"] = {"ddp": speedup(one, ddp, k), "group": speedup(one, group["step"], k), **chosen(group)}
             if k == 2:  # on 4 GPUs: two groups of two, the other way to use them
                 rows["2 groups x 2 (4 GPUs)"] = groups_under_ddp(model, cfg, one, one_cost, cost, group, 2, 2)
             if k == 4 and args.eight:
@@ -197,7 +200,7 @@ def race_table(args, host_model: str) -> Dict:
                 rows["K=4, --encoder-bidirectional-layers 0"] = {
                     "ddp": speedup(plain_one, data_parallel_step(plain_one, gradient_bytes(plain), 4, one_cost), 4),
                     "group": speedup(plain_one, plain_group["step"], 4),
-                    **{key: plain_group[key] for key in ("micro_batches", "chunk_length", "placement")}}
+                    **chosen(plain_group)}
         report[name] = rows
     return report
 
@@ -262,7 +265,7 @@ def gnmt_calibration(args, per_gpu_batches=None) -> Dict:
     merged = batch(4 * PER_GPU[0], [PER_GPU[1]] * 4 * PER_GPU[0], PER_GPU[2])
     group = best_group(model, cfg, 4, group_cost, merged, args.micro_batches, args.lengths)
     report["group"] = speedup(one, group["step"], 4)
-    report.update({key: group[key] for key in ("micro_batches", "chunk_length", "placement")})
+    report.update(chosen(group))
     print(f"GNMT v2's setting, 4 x V100: DDP {report['ddp']:.2f}x (published {GNMT_V100_DDP_4[0]}-"
           f"{GNMT_V100_DDP_4[1]}x), on real batches {report.get('ddp_real_batches', float('nan')):.2f}x; "
           f"group {report['group']:.2f}x", flush=True)
@@ -285,9 +288,9 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]], per_gpu_batches
     model_bytes = gradient_bytes(model)
     report: Dict = {"max_tokens": args.max_tokens, "steps": steps, "host_model": args.host_models[0],
                     "sentences_per_batch": sum(len(part[0]) for part in per_gpu_batches) / len(per_gpu_batches)}
-    # a group's own batches; for two groups of two under DDP, twice as many of K = 2's
-    group_batches = {k: real_batches(args.data, k * args.max_tokens, steps * (2 if k == 2 else 1))
-                     for k in args.groups}
+    # a group's steps: for two groups of two under DDP, twice as many of K = 2's
+    group_steps = {k: steps * (2 if k == 2 else 1) for k in args.groups}
+    group_batches = {k: real_batches(args.data, k * args.max_tokens, group_steps[k]) for k in args.groups}
     for name in ("p100", "a100"):
         costs = set_of(args, name, model, cfg, per_gpu, args.host_models[0])
         one_cost = costs(1)[1]
@@ -303,7 +306,7 @@ def straggler_table(args, placements: Dict[str, Dict[int, str]], per_gpu_batches
 
             own = [group_step([part]) for part in group_batches[k]]
             own_rate = tokens_of(group_batches[k][:steps]) / sum(step.total for step in own[:steps])
-            merged = [group_step(per_gpu_batches[i * k:(i + 1) * k]) for i in range(steps * (2 if k == 2 else 1))]
+            merged = [group_step(per_gpu_batches[i * k:(i + 1) * k]) for i in range(group_steps[k])]
             merged_rate = tokens_of(per_gpu_batches[:steps * k]) / sum(step.total for step in merged[:steps])
             rows[f"K={k}"] = {"ddp": ddp_on_real_batches(ones, per_gpu_batches, k, steps, model_bytes, one_cost),
                               "group": own_rate / one_rate,

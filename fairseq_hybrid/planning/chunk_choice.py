@@ -150,12 +150,13 @@ class ChunkLengthChooser:
         host_target = target.cpu()
         host_plan = replace(self.plan, devices=[torch.device("cpu")] * self.plan.size)
         times: Dict[Tuple[int, int], float] = {}
+        lengths = self.lengths(net_input)
         best, worse = None, 0
         for count in self.counts(net_input):
-            for length in self.lengths(net_input):
+            for length in lengths:
                 times[length, count] = step_time(self.model, host_plan, host_input, host_target, self.cost, length,
                                                  micro_batches=count).total
-            fastest = min(seconds for (_, tried), seconds in times.items() if tried == count)
+            fastest = min(times[length, count] for length in lengths)
             if best is None or fastest < best:
                 best, worse = fastest, 0
             else:
