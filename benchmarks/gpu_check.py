@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """One prepared check of the hybrid group on the GPU(s) at hand, in phases.
 
-Each phase runs in a process of its own under a hard time limit; a phase
-that runs out dumps every thread's stack (``faulthandler``) into its log
-and the check goes on with the next.  At the end one JSON file and one
-Markdown table (``--out``, default ``work/gpu_check``) say what passed.
+Each phase runs in a process group of its own under a hard time limit; a
+phase that runs out dumps every thread's stack into its log, keeps what it
+had measured (its JSON, marked ``timed_out``), and its whole process tree
+is ended (pytest, fairseq-train, the host-cost and prediction scripts it
+started), so nothing of it runs on into the next phase's timings.  The
+budget counts from this process's start, the torch import included.  At
+the end one JSON file and one Markdown table (``--out``, default
+``work/gpu_check``) say what passed.
 
   exactness   the exactness, engine and worker tests (their CUDA variants
               run on K virtual devices ``cuda:0,cuda:0,...`` and on real
@@ -40,10 +44,14 @@ import faulthandler
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+
+LOADED = time.time()
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 BIN = os.path.dirname(sys.executable)
@@ -55,6 +63,85 @@ BUDGET = 480
 CHUNK_SWEEP = ("0", "10", "2", "auto")
 MICRO_BATCH_SWEEP = (2, 4)  # a group of 4 at chunk length 0 with this many micro-batches
 LSTM_BATCHES = (16, 32, 64, 128, 256, 512)
+# phases that check the driver itself, never run unless named: "hang" starts a grandchild and hangs
+TEST_LIMITS = {"hang": 4}
+
+
+def process_started():
+    """When this process started (Linux: from /proc), so that the budget
+    counts the interpreter's start and the torch import; elsewhere the time
+    this module was loaded."""
+    try:
+        with open("/proc/self/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()  # after the command's name: field 3 on
+        with open("/proc/uptime") as file:
+            uptime = float(file.read().split()[0])
+        return time.time() - (uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return LOADED
+
+
+class PhaseResult(dict):
+    """A phase's result, written to its JSON file on every top-level change
+    (and by :meth:`save`), so that a phase killed at its limit leaves what
+    it had measured."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+        self.lock = threading.Lock()
+
+    def save(self):
+        with self.lock:
+            for _ in range(3):  # another thread may be changing a nested value while it is written
+                try:
+                    text = json.dumps(self, indent=2, default=str)
+                    break
+                except RuntimeError:
+                    continue
+            else:
+                return
+            with open(self.path + ".tmp", "w") as file:
+                file.write(text)
+            os.replace(self.path + ".tmp", self.path)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.save()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self.save()
+
+
+def end_process_group(pgid):
+    """Kill every process left in group ``pgid`` (a phase's child and what
+    it started); nothing happens where none is left."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def watch_limit(result, limit):
+    """In the phase's own process: at ``limit`` seconds dump every thread's
+    stack, mark the result timed out (written), and kill the phase's whole
+    process group, itself included.  A thread that needs the GIL, so
+    ``faulthandler``'s hard exit 5 s later stands behind it (and the
+    driver's kill of the group behind that)."""
+
+    def expire():
+        faulthandler.dump_traceback(all_threads=True)
+        try:
+            result.update(timed_out=True, ok=False)
+        finally:
+            sys.stderr.flush()
+            end_process_group(os.getpgid(0))
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(limit + 5, exit=True)
 
 
 def devices_for(device, count, k):
@@ -166,6 +253,8 @@ def phase_speed(args, result):
     size = {"encoder_layers": 4, "decoder_layers": 4}
     shape = dict(device=args.device, steps=args.steps, batch=args.batch, length=30, vocab=8000)
     rows = []
+    result.update(rows=rows, shape=f"{args.device}, batch {args.batch} x 30 tokens, vocabulary 8000, "
+                                   f"{args.steps} timed steps after one warm-up")  # kept row by row
     lstm_size = dict(encoder_embed_dim=256, encoder_hidden_size=256, encoder_layers=4, encoder_bidirectional=True,
                      decoder_embed_dim=256, decoder_hidden_size=256, decoder_layers=4, decoder_out_embed_dim=256,
                      criterion="label_smoothed_cross_entropy")
@@ -179,9 +268,9 @@ def phase_speed(args, result):
         for mode in ("hybrid", "model", "data"):
             rate = throughput("hybrid_lstm_base", devices, mode, options=size, **shape)
             rows.append({"system": f"{mode} on {','.join(devices)}", "tokens_per_s": rate, "vs_one_device": rate / base})
+            result.save()
             print(rows[-1], flush=True)
-    result.update(ok=True, rows=rows, shape=f"{args.device}, batch {args.batch} x 30 tokens, vocabulary 8000, "
-                                             f"{args.steps} timed steps after one warm-up")
+    result["ok"] = True
 
 
 def phase_calibrate(args, result):
@@ -210,15 +299,17 @@ def phase_calibrate(args, result):
     result["one_device_tokens_per_s"] = 2 * one  # source + target, as GNMT v2 counts (equal lengths here)
     devices = devices_for(args.device, count, 4 if cuda else 2)
     sweep = {}
+    result["chunk_sweep"] = {"devices": ",".join(devices), "rows": sweep}  # kept row by row
     for length in CHUNK_SWEEP:
         rate = throughput(arch, devices, "hybrid", options={"hybrid_chunk_length": length}, **common)
         sweep[length] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
+        result.save()
         print(length, sweep[length], flush=True)
     for micro_batches in MICRO_BATCH_SWEEP:
         rate = throughput(arch, devices, "hybrid", options={"hybrid_micro_batches": micro_batches}, **common)
         sweep[f"0, M={micro_batches}"] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
+        result.save()
         print(micro_batches, sweep[f"0, M={micro_batches}"], flush=True)
-    result["chunk_sweep"] = {"devices": ",".join(devices), "rows": sweep}
 
     predicted = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "predict_speedups.py"), "--host-cost",
                                 host_cost, "--one-device-tokens-per-s", str(result["one_device_tokens_per_s"]),
@@ -289,12 +380,22 @@ def phase_streams(args, result):
                   races=len(sanitizer.errors))
 
 
+def phase_hang(args, result):
+    """A phase that never ends, for the driver's test: a grandchild that
+    would sleep ten minutes, a value recorded, then a wait for it."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    result.update(grandchild=sleeper.pid, before_the_hang=True)
+    sleeper.wait()
+
+
 # -- driver ------------------------------------------------------------------------
 
 
 def run_phase(name, args, limit):
-    """``name`` in a child process under a hard limit of ``limit`` seconds;
-    its result dict."""
+    """``name`` in a child process, leader of a process group of its own,
+    under a hard limit of ``limit`` seconds; its result dict (partial where
+    it ran out).  The group is ended when the child is done, however it
+    ended: nothing it started outlives the phase."""
     out = os.path.join(args.work, f"{name}.json")
     log_path = os.path.join(args.work, f"{name}.log")
     if os.path.exists(out):
@@ -304,13 +405,20 @@ def run_phase(name, args, limit):
                "--updates", str(args.updates), "--limit", str(limit)]
     start = time.time()
     with open(log_path, "w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=limit + 10)
+            code = child.wait(timeout=limit + 10)
         except subprocess.TimeoutExpired:
+            end_process_group(child.pid)
+            child.wait()
             code = "killed"
+        finally:
+            end_process_group(child.pid)
     result = json.load(open(out)) if os.path.exists(out) else {"ok": False}
+    if code != 0:
+        result["ok"] = False
     result.update(seconds=round(time.time() - start, 1), exit=code, log=log_path)
-    if code != 0 and not os.path.exists(out):
+    if code != 0 and (not os.path.exists(out) or result.get("timed_out")):
         result["error"] = open(log_path, errors="replace").read()[-3000:]
     return result
 
@@ -374,24 +482,23 @@ def main():
     parser.add_argument("--limit", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase_child:
-        # the hard limit: dump every thread's stack and exit when it passes
-        faulthandler.dump_traceback_later(args.limit, exit=True)
-        result = {}
+        result = PhaseResult(os.path.join(args.work, f"{args.phase_child}.json"))
+        watch_limit(result, args.limit)  # the hard limit: stacks dumped, result kept, process group ended
         try:
             globals()[f"phase_{args.phase_child}"](args, result)
         finally:
-            json.dump(result, open(os.path.join(args.work, f"{args.phase_child}.json"), "w"), indent=2)
+            result.save()
         return 0
+    started = process_started()
     import torch
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     phases = [p for p in args.phases.split(",") if p]
-    unknown = [p for p in phases if p not in PHASES]
+    unknown = [p for p in phases if p not in PHASES and p not in TEST_LIMITS]
     if unknown:
         parser.error(f"unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}")
     args.work = args.work or tempfile.mkdtemp(prefix="gpu_check_")
     os.makedirs(args.work, exist_ok=True)
-    started = time.time()
     report = {"device": args.device, "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
               "torch": torch.__version__, "budget": args.budget, "phases": {}}
     if torch.cuda.is_available():
@@ -402,7 +509,7 @@ def main():
             report["phases"][name] = {"ok": False, "skipped": f"out of time ({args.budget:.0f} s budget)"}
             print(f"[gpu_check] {name}: skipped, out of time", flush=True)
             continue
-        limit = min(LIMITS[name], left)
+        limit = min({**LIMITS, **TEST_LIMITS}[name], left)
         print(f"[gpu_check] {name} (limit {limit:.0f} s) ...", flush=True)
         report["phases"][name] = run_phase(name, args, limit)
         print(f"[gpu_check] {name}: {'ok' if report['phases'][name].get('ok') else 'FAILED'} "

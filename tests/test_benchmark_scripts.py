@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -76,6 +77,39 @@ def test_the_gpu_check_fits_the_machine_that_may_be_lent():
     finally:
         sys.path.remove(BENCHMARKS)
     assert gpu_check.BUDGET == 480 and sum(gpu_check.LIMITS.values()) <= gpu_check.BUDGET
+
+
+def alive(pid):
+    """Whether process ``pid`` still runs (a zombie, killed and not yet
+    reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_gpu_check_ends_a_hung_phase_and_all_it_started(tmp_path):
+    """A phase that hangs (its test phase: a grandchild that would sleep
+    ten minutes, then a wait for it) is ended at its 4-second limit with
+    its whole process tree, what it had written is kept and marked timed
+    out, and the check goes on; the budget counts the torch import."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    started = time.time()
+    finished = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "gpu_check.py"), "--device", "cpu",
+                               "--phases", "hang,speed", "--steps", "1", "--batch", "2", "--groups", "2", "--out",
+                               str(out), "--work", str(work)], capture_output=True, text=True, timeout=300)
+    elapsed = time.time() - started
+    assert finished.returncode == 1, finished.stderr[-3000:]  # a phase failed: the hung one
+    report = json.load(open(out / "gpu_check.json"))
+    hang = report["phases"]["hang"]
+    assert hang["before_the_hang"] and hang["timed_out"] and not hang["ok"]
+    assert hang["seconds"] < 4 + 10, hang  # ended by its own watchdog, well before the driver's kill at 14 s
+    assert not alive(hang["grandchild"])
+    assert report["phases"]["speed"]["ok"] and report["phases"]["speed"]["rows"]  # the next phase ran
+    # the budget's clock started with the process, before the torch import (a second or more here)
+    assert elapsed - 1.0 < report["seconds"] <= elapsed
+    assert "Thread" in open(hang["log"]).read()  # every thread's stack, dumped at the limit
 
 
 def test_gpu_check_runs_without_a_gpu(tmp_path):
