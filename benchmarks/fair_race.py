@@ -51,13 +51,11 @@ Writes fair_race.json and fair_race.md into --out.  Minutes: no training.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
-import torch
 
 from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
@@ -67,7 +65,7 @@ from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
                                                HOST_MODELS, STEP_US, best_chunk_length, predicted_step, set_costs,
                                                set_rate)
-from fairseq_hybrid.planning.placement_search import best_placement
+from fairseq_hybrid.planning.race import best_group, chosen, race, searched, set_costs_of
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 
@@ -78,9 +76,7 @@ def set_of(args, name: str, model, cfg, per_gpu, host_model: str):
     """The cost set ``name`` under ``host_model``: a function of K giving
     the group's and one device's cost models (the A100 set's rate solved
     for ``--one-device-tokens-per-s`` on one device)."""
-    step_us = STEP_US[name]
-    rate = set_rate(name, model, cfg, per_gpu, args.host_cost, step_us, host_model, args.one_device_tokens_per_s)
-    return lambda k: set_costs(name, args.host_cost, k, step_us, rate, host_model)
+    return set_costs_of(name, model, cfg, per_gpu, args.host_cost, host_model, args.one_device_tokens_per_s)
 
 
 def busiest_share(model, cfg, k: int, placement: str, sample, chunk_length: int, micro_batches: int) -> float:
@@ -89,42 +85,6 @@ def busiest_share(model, cfg, k: int, placement: str, sample, chunk_length: int,
     built = build_hybrid_step(model, plan, *sample, lambda *args: args, chunk_length, micro_batches=micro_batches)
     work = device_flops(built.step.cells, k)
     return max(work) / sum(work)
-
-
-def searched(model, cfg, k: int, cost: CostModel, sample, micro_batches: int, lengths):
-    """``--hybrid-placement auto``'s choice for this count of micro-batches
-    at the chunk length that suits the default placement best (auto keeps
-    the default unless another is faster at that length), then that
-    placement's own best chunk length: ``(placement, length, step)``."""
-    default_length, _ = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
-                                          micro_batches=micro_batches)
-    asked = copy.copy(cfg)  # the options auto would see, the caller's left as they are
-    asked.hybrid_chunk_length, asked.hybrid_micro_batches = default_length, micro_batches
-    placement = best_placement(model, asked, [torch.device("cpu")] * k, cost,
-                               shape=(sample[1].size(0), PER_GPU[1], PER_GPU[2]))[0]
-    length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths, placement=placement,
-                                     micro_batches=micro_batches)
-    return placement, length, step
-
-
-def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: Sequence[int], lengths,
-               placement: Optional[str] = None) -> Dict:
-    """The group's shortest predicted step over the counts of micro-batches
-    (each at its searched placement, unless ``placement`` is given) and
-    the chunk lengths (``(0, 0)``: K chunks and one chunk a layer)."""
-    best = None
-    if lengths == (0, 0):
-        lengths = (0, max(sample[0]["src_tokens"].size(1), sample[0]["prev_output_tokens"].size(1)))
-    for micro_batches in micro_batch_counts:
-        if placement is None:
-            chosen, length, step = searched(model, cfg, k, cost, sample, micro_batches, lengths)
-        else:
-            chosen = placement
-            length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
-                                             placement=placement, micro_batches=micro_batches)
-        if best is None or step.total < best["step"].total:
-            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length, "placement": chosen}
-    return best
 
 
 def bound_table(args, sample) -> Dict:
@@ -159,12 +119,6 @@ def groups_under_ddp(model, cfg, one, one_cost: CostModel, cost: CostModel, grou
     return {"ddp": speedup(one, data_parallel_step(one, gradient_bytes(model), gpus, one_cost), gpus),
             "group": speedup(one, data_parallel_step(group["step"], owned, groups, cost), gpus),
             **chosen(group)}
-
-
-def chosen(group: Dict) -> Dict:
-    """What :func:`best_group` chose for a group: micro-batches, chunk
-    length, placement (as the tables report them)."""
-    return {key: group[key] for key in ("micro_batches", "chunk_length", "placement")}
 
 
 def race_table(args, host_model: str) -> Dict:
@@ -203,6 +157,86 @@ def race_table(args, host_model: str) -> Dict:
                     **chosen(plain_group)}
         report[name] = rows
     return report
+
+
+GLOBAL_SETS = {"p100": None, "a100": None, "v100": GNMT_V100_TOKENS_PER_S}  # None: --one-device-tokens-per-s
+
+
+def global_batch_table(args) -> Dict:
+    """The race at a fixed global batch (:func:`fairseq_hybrid.planning.race.race`,
+    the one code path ``fairseq-hybrid-plan`` predicts with): on K GPUs
+    (``--global-gpus``) each global batch B of ``--global-batches`` that
+    leaves DDP at most 128 sentences per GPU and at least 16 (B/K each,
+    where an LSTM wastes a GPU), one group of K at B and groups of 2 and 4
+    under DDP, every figure in tokens/s over one GPU at B; and at scale
+    (``--scale-gpus``), groups of 2 and 4 under DDP against DDP at
+    ``--scale-per-gpu`` sentences per GPU, step against step.  Sentences of
+    50 + 50 tokens; the host ``--host-models``' first reading."""
+    model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
+    reference = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
+    host_model = args.host_models[0]
+    report: Dict = {"host_model": host_model, "sentence": list(PER_GPU[1:]), "sets": {}}
+    for name in args.global_sets:
+        tokens_per_s = GLOBAL_SETS[name] or args.one_device_tokens_per_s
+        costs = set_costs_of(name, model, cfg, reference, args.host_cost, host_model, tokens_per_s)
+        memo: Dict = {}
+        fixed, scale = [], []
+        for gpus in args.global_gpus:
+            for sentences in args.global_batches:
+                if sentences % gpus or not 16 <= sentences // gpus <= 128:
+                    continue
+                rows = race(model, cfg, costs, gpus, sentences, *PER_GPU[1:], args.micro_batches, args.lengths,
+                            memo=memo)
+                fixed.append(race_rows(rows))
+                print(f"{name} global batch {sentences} on {gpus}: " + ", ".join(
+                    f"{row['name']} {row['speedup']:.2f}x" for row in fixed[-1]), flush=True)
+        for gpus in args.scale_gpus:
+            for per_gpu in args.scale_per_gpu:
+                rows = race(model, cfg, costs, gpus, gpus * per_gpu, *PER_GPU[1:], args.micro_batches,
+                            args.lengths, group_sizes=(2, 4), memo=memo)
+                scale.append(race_rows(rows))
+                print(f"{name} at scale, {per_gpu} per GPU on {gpus}: " + ", ".join(
+                    f"{row['name']} {row.get('vs_ddp', 0):.2f} of DDP's step" for row in scale[-1][2:]), flush=True)
+        report["sets"][name] = {"fixed": fixed, "scale": scale}
+    return report
+
+
+def race_rows(rows) -> List[Dict]:
+    """A race's candidates as table rows (``rows[1]`` is DDP)."""
+    return [row.as_dict(rows[0], rows[1]) for row in rows]
+
+
+def global_batch_markdown(table: Dict) -> List[str]:
+    readings = {"queued": "host queued", "summed": "host summed"}
+    lines = ["", f"At a fixed global batch of B sentences ({table['sentence'][0]} + {table['sentence'][1]} tokens; "
+             f"{readings[table['host_model']]}): DDP at B/K sentences per GPU, one group of K at B, groups of 2 or "
+             "4 under DDP each at their share; tokens/s over one GPU at B, and in brackets the step of DDP over "
+             "the row's (above 1: faster than DDP); each group at its best micro-batches, chunk length and "
+             "placement:", ""]
+    for name, sets in table["sets"].items():
+        lines += [f"{name} set:", "",
+                  "| GPUs K | B | per GPU under DDP | DDP | groups of 2 under DDP | groups of 4 under DDP | one group of K |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for rows in sets["fixed"]:
+            gpus, ddp = rows[1]["gpus"], rows[1]
+            cells = {}
+            for row in rows[2:]:
+                key = "one" if row["groups"] == 1 else row["group_size"]
+                cells[key] = f"{row['speedup']:.2f}x ({row['vs_ddp']:.2f})"
+            lines.append(f"| {gpus} | {rows[0]['sentences_per_group']} | {ddp['sentences_per_group']} | "
+                         f"{ddp['speedup']:.2f}x | {cells.get(2, '')} | {cells.get(4, '')} | {cells.get('one', '')} |")
+        lines.append("")
+    lines += ["At scale, the same global batch per GPU: groups under DDP against DDP on all the GPUs, DDP's step "
+              "over the groups' (above 1: the groups are faster):", "",
+              "| set | per GPU under DDP | GPUs | DDP's step | groups of 2 | groups of 4 |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, sets in table["sets"].items():
+        for rows in sets["scale"]:
+            ddp = rows[1]
+            by_size = {row["group_size"]: f"{row['vs_ddp']:.2f}" for row in rows[2:]}
+            lines.append(f"| {name} | {ddp['sentences_per_group']} | {ddp['gpus']} | {ddp['step_ms']:.0f} ms | "
+                         f"{by_size.get(2, '')} | {by_size.get(4, '')} |")
+    return lines
 
 
 def real_batches(data: str, max_tokens: int, count: int) -> List[Tuple[List[int], List[int]]]:
@@ -348,20 +382,23 @@ def markdown(report: Dict) -> str:
                           "(one worker's host time per cell, measured on CPU, the LSTM kernel call as one op)",
                 "summed": "the host time per cell measured with K workers on CPU added to each cell's device time "
                           "(the pessimistic end)"}
-    for host_model, race in report["race"].items():
-        lines += ["", "At the same global batch: DDP at 128 sentences per GPU, the group at K x 128 per step at its "
+    for host_model, by_set in report["race"].items():
+        lines += ["", "Weak scaling (DDP keeps 128 sentences per GPU as GPUs are added; the group takes the same "
+                  "global batch): DDP at 128 sentences per GPU, the group at K x 128 per step at its "
                   "best count of micro-batches and chunk length (placement by `--hybrid-placement auto`); speed-up "
                   f"in tokens/s over one GPU at 128; {readings[host_model]}:", "",
                   "| GPUs | P100 set: DDP | group | A100 set: DDP | group | group's M, chunk length (P100; A100) |",
                   "| --- | ---: | ---: | ---: | ---: | --- |"]
-        for name in race["p100"]:
-            p, a = race["p100"][name], race["a100"][name]
+        for name in by_set["p100"]:
+            p, a = by_set["p100"][name], by_set["a100"][name]
             lines.append(f"| {name} | {p['ddp']:.2f}x | {p['group']:.2f}x | {a['ddp']:.2f}x | {a['group']:.2f}x | "
                          f"{p['micro_batches']}, {p['chunk_length']}; {a['micro_batches']}, {a['chunk_length']} |")
         lines += ["", "Placements: " + "; ".join(f"{name} {row['placement'] or 'default'}"
-                                                 for name, row in race["p100"].items())]
+                                                 for name, row in by_set["p100"].items())]
     lines += ["", "LSTM cells of fewer than 128 sentences run at a GPU's lower throughput there (DeepBench). Not in "
               "these figures: DDP's stragglers (below, on real batches)."]
+    if report.get("global_batch"):
+        lines += global_batch_markdown(report["global_batch"])
     real = report.get("real_batches")
     if real:
         lines += ["", f"On real batches, drawn by fairseq's batch sampler ({real['steps']} steps; per GPU "
@@ -403,6 +440,16 @@ def host_models(text: str) -> List[str]:
     return names
 
 
+def names_of(known):
+    def parse(text: str) -> List[str]:
+        names = [name.strip() for name in text.split(",") if name.strip() and name.strip() != "none"]
+        for name in names:
+            if name not in known:
+                raise argparse.ArgumentTypeError(f"{name!r}: each one of {', '.join(known)}")
+        return names
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host-cost", help="benchmarks/bench_host_cost.py --json output (default: 30 us per cell)")
@@ -426,6 +473,15 @@ def main(argv=None) -> int:
                         "time, the pessimistic end)")
     parser.add_argument("--no-gnmt", dest="gnmt", action="store_false",
                         help="leave out the calibration in GNMT v2's published setting (4 x V100)")
+    parser.add_argument("--global-sets", type=names_of(GLOBAL_SETS), default=list(GLOBAL_SETS),
+                        help="cost sets of the race at a fixed global batch (default p100,a100,v100; none: leave out)")
+    parser.add_argument("--global-gpus", type=integers, default=[2, 4, 8], help="its GPU counts (default 2,4,8)")
+    parser.add_argument("--global-batches", type=integers, default=[64, 128, 256, 512, 1024],
+                        help="its global batches in sentences (default 64,128,256,512,1024)")
+    parser.add_argument("--scale-gpus", type=integers, default=[8, 16, 64],
+                        help="GPU counts of groups under DDP at scale (default 8,16,64)")
+    parser.add_argument("--scale-per-gpu", type=integers, default=[16, 32, 64, 128],
+                        help="sentences per GPU under DDP at scale (default 16,32,64,128)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     if args.data and not os.path.isdir(args.data):
@@ -434,6 +490,8 @@ def main(argv=None) -> int:
     sample = batch(4 * PER_GPU[0], [PER_GPU[1]] * 4 * PER_GPU[0], PER_GPU[2])
     report = {"bounds": bound_table(args, sample),
               "race": {host_model: race_table(args, host_model) for host_model in args.host_models}}
+    if args.global_sets:
+        report["global_batch"] = global_batch_table(args)
     per_gpu_batches = None
     if args.data:
         per_gpu_batches = real_batches(args.data, args.max_tokens, args.real_steps * max(args.groups + [4]))

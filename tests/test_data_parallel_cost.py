@@ -79,7 +79,7 @@ def test_the_fair_race_table(tmp_path):
     a fraction above 1/K), and the group at K x 128 sentences beside DDP at
     128 per GPU in both cost sets."""
     subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--micro-batches", "1,2",
-                    "--lengths", "0", "--groups", "2", "--no-eight", "--out", str(tmp_path)],
+                    "--lengths", "0", "--groups", "2", "--no-eight", "--global-sets", "none", "--out", str(tmp_path)],
                    check=True, capture_output=True, cwd=REPO)
     report = json.loads((tmp_path / "fair_race.json").read_text())
     assert len(report["bounds"]) == 4
@@ -103,6 +103,33 @@ def test_the_fair_race_table(tmp_path):
     gnmt = report["gnmt_v100"]
     assert gnmt["published_ddp"] == [3.53, 3.67] and 3.8 < gnmt["ddp"] <= 4.0 + 1e-9 and gnmt["group"] > 1.0
     assert "GNMT v2's published setting" in text
+
+
+def test_the_race_at_a_fixed_global_batch(tmp_path):
+    """fair_race.py's race at a fixed global batch on small settings: DDP
+    at B/K per GPU, one group of K at B, groups under DDP at their share,
+    each against one GPU at B; at scale, groups of 2 and 4 under DDP
+    against DDP step for step; the table says which is which."""
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--micro-batches", "1,2",
+                    "--lengths", "0", "--groups", "2", "--no-eight", "--no-plain", "--no-gnmt", "--host-models",
+                    "queued", "--global-sets", "p100", "--global-gpus", "2,4", "--global-batches", "64,1024",
+                    "--scale-gpus", "8", "--scale-per-gpu", "16", "--out", str(tmp_path)],
+                   check=True, capture_output=True, cwd=REPO)
+    table = json.loads((tmp_path / "fair_race.json").read_text())["global_batch"]
+    fixed, scale = table["sets"]["p100"]["fixed"], table["sets"]["p100"]["scale"]
+    # 1024 leaves DDP above 128 per GPU on 2 and 4 GPUs: left out; 64 on 2 and on 4 GPUs
+    assert [(rows[1]["gpus"], rows[0]["sentences_per_group"]) for rows in fixed] == [(2, 64), (4, 64)]
+    two, four = fixed
+    assert [row["name"] for row in four] == ["one GPU", "DDP on 4", "2 groups of 2 under DDP", "one group of 4"]
+    assert two[0]["speedup"] == 1.0 and 1.0 < two[1]["speedup"] < 2.0 and two[1]["sentences_per_group"] == 32
+    assert four[2]["sentences_per_group"] == 32 and four[3]["sentences_per_group"] == 64
+    for row in four[1:]:
+        assert row["vs_ddp"] == pytest.approx(row["speedup"] / four[1]["speedup"])
+    assert [(row["name"], row["sentences_per_group"]) for row in scale[0][1:]] == [
+        ("DDP on 8", 16), ("4 groups of 2 under DDP", 32), ("2 groups of 4 under DDP", 64)]
+    text = (tmp_path / "fair_race.md").read_text()
+    assert "At a fixed global batch of B sentences" in text and "| 4 | 64 | 16 |" in text
+    assert "| p100 | 16 | 8 |" in text
 
 
 def test_small_lstm_batches_run_at_a_gpus_lower_throughput():

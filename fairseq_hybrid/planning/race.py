@@ -1,0 +1,183 @@
+"""Which way of training on N GPUs is fastest at a given global batch,
+predicted: one GPU, DDP, one group of N, groups under DDP.
+
+Many users keep their global batch when they add GPUs (convergence and the
+recipe they reproduce cap it: GNMT v2 fixes 1,024 sentences on 1 to 8
+GPUs), so DDP's per-GPU batch shrinks as N grows, and an LSTM at a small
+batch uses a GPU badly (``lstm_batch_efficiency.json``).  A hybrid group
+keeps every layer at the whole batch.  This module prices every candidate
+on the same global batch with the schedule simulator, each group at its
+best count of micro-batches, chunk length and placement
+(``--hybrid-placement auto``'s search), so that ``benchmarks/fair_race.py``
+and ``fairseq-hybrid-plan`` give one answer for one case.
+
+Costs come as a function of K returning ``(group cost, one-device cost)``
+(:func:`set_costs_of`), the shape of :func:`gpu_costs.set_costs`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes
+from .gpu_costs import STEP_US, best_chunk_length, predicted_step, set_costs, set_rate
+from .placement_search import best_placement
+from .schedule_simulator import CostModel, StepTime
+from .twin_model import batch
+
+__all__ = ["Costs", "set_costs_of", "searched", "best_group", "chosen", "uniform_batch", "Candidate", "race",
+           "group_sizes_for", "fastest"]
+
+Costs = Callable[[int], Tuple[CostModel, CostModel]]  # K -> (a group of K's cost model, one device's)
+
+
+def set_costs_of(name: str, model, cfg, reference_sample, host_cost: Optional[str], host_model: str,
+                 tokens_per_s: float) -> Costs:
+    """The named cost set (``p100``, ``a100``, ``v100``) under
+    ``host_model``, its FLOP rate solved on one device's step of
+    ``reference_sample`` for ``tokens_per_s`` (the P100 set has its own)."""
+    step_us = STEP_US[name]
+    rate = set_rate(name, model, cfg, reference_sample, host_cost, step_us, host_model, tokens_per_s)
+    return lambda k: set_costs(name, host_cost, k, step_us, rate, host_model)
+
+
+def searched(model, cfg, k: int, cost: CostModel, sample, micro_batches: int, lengths):
+    """``--hybrid-placement auto``'s choice for this count of micro-batches
+    at the chunk length that suits the default placement best (auto keeps
+    the default unless another is faster at that length), then that
+    placement's own best chunk length: ``(placement, length, step)``."""
+    default_length, _ = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
+                                          micro_batches=micro_batches)
+    asked = copy.copy(cfg)  # the options auto would see, the caller's left as they are
+    asked.hybrid_chunk_length, asked.hybrid_micro_batches = default_length, micro_batches
+    net_input, target = sample
+    shape = (net_input["src_tokens"].size(0), net_input["src_tokens"].size(1), target.size(1))
+    placement = best_placement(model, asked, [torch.device("cpu")] * k, cost, shape=shape)[0]
+    length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths, placement=placement,
+                                     micro_batches=micro_batches)
+    return placement, length, step
+
+
+def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: Sequence[int], lengths,
+               placement: Optional[str] = None) -> Dict:
+    """The group's shortest predicted step over the counts of micro-batches
+    (each at its searched placement, unless ``placement`` is given) and
+    the chunk lengths (``(0, 0)``: K chunks and one chunk a layer; None:
+    ``--hybrid-chunk-length auto``'s candidates)."""
+    best = None
+    if lengths is not None and tuple(lengths) == (0, 0):
+        lengths = (0, max(sample[0]["src_tokens"].size(1), sample[0]["prev_output_tokens"].size(1)))
+    for micro_batches in micro_batch_counts:
+        if micro_batches > sample[1].size(0):
+            continue  # more micro-batches than sentences: the engine refuses it
+        if placement is None:
+            picked, length, step = searched(model, cfg, k, cost, sample, micro_batches, lengths)
+        else:
+            picked = placement
+            length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
+                                             placement=placement, micro_batches=micro_batches)
+        if best is None or step.total < best["step"].total:
+            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length, "placement": picked}
+    return best
+
+
+def chosen(group: Dict) -> Dict:
+    """What :func:`best_group` chose for a group: micro-batches, chunk
+    length, placement (as the tables report them)."""
+    return {key: group[key] for key in ("micro_batches", "chunk_length", "placement")}
+
+
+def uniform_batch(sentences: int, source: int, target: int):
+    """A batch of ``sentences`` sentences of ``source`` + ``target`` tokens."""
+    return batch(sentences, [source] * sentences, target)
+
+
+@dataclass
+class Candidate:
+    """One way of training on the GPUs: ``gpus`` of them, ``groups`` groups
+    of ``group_size`` (a group size of 1 is plain DDP, one group and one GPU
+    is one device), each GPU or group at ``sentences`` per step; its
+    predicted ``step`` and what a group chose."""
+
+    name: str
+    gpus: int
+    group_size: int
+    groups: int
+    sentences: int
+    step: StepTime
+    choice: Dict = field(default_factory=dict)
+
+    def speedup_over(self, one: "Candidate") -> float:
+        """Tokens/s over ``one``'s (both train the same global batch a step)."""
+        return one.step.total / self.step.total
+
+    def as_dict(self, one: "Candidate", ddp: Optional["Candidate"] = None) -> Dict:
+        row = {"name": self.name, "gpus": self.gpus, "group_size": self.group_size, "groups": self.groups,
+               "sentences_per_group": self.sentences, "step_ms": self.step.total * 1e3,
+               "speedup": self.speedup_over(one), **self.choice}
+        if ddp is not None:
+            row["vs_ddp"] = ddp.step.total / self.step.total
+        return row
+
+
+def group_sizes_for(gpus: int, sizes: Sequence[int] = (2, 4, 8)) -> List[int]:
+    """Group sizes that divide ``gpus``: one group of all of them when
+    ``gpus`` is among ``sizes``, and groups under DDP of each smaller size."""
+    return [size for size in sizes if size <= gpus and gpus % size == 0]
+
+
+def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int, target: int,
+         micro_batch_counts: Sequence[int] = (1, 2, 4), lengths=None,
+         group_sizes: Optional[Sequence[int]] = None, progress: Callable[[str], None] = lambda text: None,
+         memo: Optional[Dict] = None) -> List[Candidate]:
+    """Every candidate on ``gpus`` GPUs at a global batch of
+    ``global_sentences`` sentences of ``source`` + ``target`` tokens: one
+    GPU at the whole batch (the reference), DDP at ``global_sentences /
+    gpus`` per GPU, and for each group size K (default
+    :func:`group_sizes_for`) ``gpus / K`` groups of K under DDP, each at
+    ``global_sentences * K / gpus`` (one group of all GPUs when K =
+    ``gpus``).  A size whose share is not a whole number of sentences is
+    left out.  ``memo`` keeps groups priced by (K, sentences) across calls
+    (the same group appears in several rows)."""
+    memo = {} if memo is None else memo
+    model_bytes = gradient_bytes(model)
+    one_cost = costs(1)[1]
+    one = Candidate("one GPU", 1, 1, 1, global_sentences,
+                    predicted_step(model, cfg, 1, "hybrid", one_cost, *uniform_batch(global_sentences, source, target)))
+    rows = [one]
+    if gpus == 1:
+        return rows
+    if global_sentences % gpus == 0:
+        per_gpu = global_sentences // gpus
+        alone = predicted_step(model, cfg, 1, "hybrid", one_cost, *uniform_batch(per_gpu, source, target))
+        rows.append(Candidate(f"DDP on {gpus}", gpus, 1, gpus, per_gpu,
+                              data_parallel_step(alone, model_bytes, gpus, one_cost)))
+    for k in group_sizes if group_sizes is not None else group_sizes_for(gpus):
+        if gpus % k or (global_sentences * k) % gpus:
+            continue
+        sentences = global_sentences * k // gpus
+        key = (k, sentences, source, target)
+        if key not in memo:
+            progress(f"pricing a group of {k} at {sentences} sentences")
+            group_cost = costs(k)[0]
+            memo[key] = best_group(model, cfg, k, group_cost, uniform_batch(sentences, source, target),
+                                   micro_batch_counts, lengths)
+        group = memo[key]
+        groups = gpus // k
+        if groups == 1:
+            rows.append(Candidate(f"one group of {k}", gpus, k, 1, sentences, group["step"], chosen(group)))
+        else:
+            owned = max(owned_bytes(model, cfg, k, group["placement"]))
+            step = data_parallel_step(group["step"], owned, groups, costs(k)[0])
+            rows.append(Candidate(f"{groups} groups of {k} under DDP", gpus, k, groups, sentences, step,
+                                  chosen(group)))
+    return rows
+
+
+def fastest(rows: Sequence[Candidate]) -> Candidate:
+    """The candidate with the shortest step (the first on a tie)."""
+    return min(rows, key=lambda row: row.step.total)
