@@ -1,0 +1,396 @@
+"""``fairseq-hybrid-plan``: what to run on N GPUs for the fairseq-train
+command line you train with, predicted.
+
+Give it your command (after ``--``) and the GPUs you have; it keeps your
+global batch (``--max-tokens`` or ``--batch-size`` times ``--update-freq``:
+what one step trains) and prices every way of training it on N GPUs with
+the schedule simulator: one GPU, DDP (fairseq's ``--distributed-world-size
+N``, the batch split over the GPUs), one hybrid group of N, and groups
+under DDP (``fairseq-hybrid-train``), each group at its best count of
+micro-batches, chunk length and placement.  It prints predicted tokens/s,
+marks the fastest and prints the command line that runs it::
+
+  fairseq-hybrid-plan --gpus 4 --cost-set a100 -- \\
+      fairseq-train data-bin --arch hybrid_lstm_paper --max-tokens 6400 --update-freq 2
+  fairseq-hybrid-plan --gpus 8 -- fairseq-train - --arch hybrid_lstm_paper --batch-size 128
+
+The prices are the race's (:func:`fairseq_hybrid.planning.race.race`, what
+``benchmarks/fair_race.py`` tabulates): one code path.  Nothing here has
+run on a GPU; every figure is a prediction under the cost set named
+(``--cost-set``; the FLOP rate solved for a published one-GPU tokens/s, or
+``--one-device-tokens-per-s`` measured on yours).
+
+With the data folder in the command, the batch's shape comes from it
+(``-`` in its place: no data, ``--sentence-length`` and ``--vocabulary``):
+fairseq's batch sampler draws ``--batches`` training batches at your
+``--max-tokens`` and the plan takes their mean sentences per batch and
+mean source and target lengths (a uniform batch of that shape: the
+simulator's, not each batch's own); without it, ``--sentence-length``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import os
+import shlex
+import sys
+import time
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["PlanError", "Workload", "main", "plan"]
+
+COST_SETS = ("p100", "a100", "v100")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NO_DATA = "-"  # the data folder in a command planned without data
+HOST_COST = os.path.join(REPO, "docs", "bench", "host_cost.json")  # bench_host_cost.py on CPU, in a checkout
+
+
+class PlanError(ValueError):
+    """Input the plan cannot serve: one line for the user, exit status 2."""
+
+
+class Workload:
+    """What one step of the user's command trains: a global batch of
+    ``sentences`` sentences of ``source`` + ``target`` tokens, the model
+    (a parameter-free twin) and its options."""
+
+    def __init__(self, model, cfg, sentences: int, source: int, target: int, where: str):
+        self.model, self.cfg = model, cfg
+        self.sentences, self.source, self.target = sentences, source, target
+        self.where = where  # how the shape was found, said in the output
+
+
+def split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """The plan's own options and the fairseq-train command after ``--``
+    (its program name, if given, dropped)."""
+    argv = list(argv)
+    if "--" not in argv:
+        raise PlanError("give your fairseq-train command after --, e.g. fairseq-hybrid-plan --gpus 4 -- "
+                        "fairseq-train DATA --arch hybrid_lstm_paper --max-tokens 6400")
+    cut = argv.index("--")
+    train = argv[cut + 1:]
+    if train and os.path.basename(train[0]) in ("fairseq-train", "fairseq-hybrid-train"):
+        train = train[1:]
+    if not train:
+        raise PlanError("the fairseq-train command after -- is empty")
+    return argv[:cut], train
+
+
+def parse_training(train: List[str]):
+    """The user's command as fairseq parses it (``fairseq_hybrid`` imported
+    first, so its architectures and options are registered)."""
+    from .. import models  # noqa: F401  (registers hybrid_lstm)
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            args = options.parse_args_and_arch(parser, train)
+    except SystemExit as exit_:
+        lines = [line for line in said.getvalue().splitlines() if line.strip()]
+        message = lines[-1].split("error:", 1)[-1].strip() if lines else "it exits"
+        raise PlanError(f"fairseq-train refuses the command: {message}") from exit_
+    if args.data == NO_DATA:
+        args.data = ""
+    return args
+
+
+def quietly(function, *args):
+    """``function(*args)`` without the warnings fairseq's hydra configs
+    print on every conversion (deprecations, not the user's doing)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return function(*args)
+
+
+def group_sizes(args, gpus: int) -> List[int]:
+    """The group sizes the plan can price on ``gpus`` GPUs (those that
+    divide them and that the model has layers for), after refusing, as
+    fairseq-train would, the options a hybrid group cannot serve
+    (:func:`fairseq_hybrid.fairseq_patches.trainer_checks.check_training_setup`)."""
+    from types import SimpleNamespace
+
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from ..fairseq_patches.trainer_checks import check_training_setup
+    from ..parallel import DevicePlanError, build_plan
+    from ..planning.race import group_sizes_for
+
+    if not args.arch.startswith("hybrid_lstm"):
+        raise PlanError(f"--arch {args.arch}: a hybrid group trains hybrid_lstm models (hybrid_lstm_base, "
+                        "hybrid_lstm_paper, ...); fairseq's own architectures run on one GPU or under DDP only")
+    sizes = []
+    for size in group_sizes_for(gpus):
+        try:
+            plan = build_plan(",".join(["cpu"] * size), "", "hybrid", args.encoder_layers, args.decoder_layers)
+        except DevicePlanError:
+            continue  # more devices than the model has layers for
+        try:
+            check_training_setup(quietly(convert_namespace_to_omegaconf, args), SimpleNamespace(
+                hybrid_group=SimpleNamespace(plan=plan)))
+        except DevicePlanError as error:
+            raise PlanError(str(error)) from error
+        sizes.append(size)
+    return sizes
+
+
+def vocabulary_sizes(args, data: Optional[str], default: int) -> Tuple[int, int]:
+    """The source and target vocabularies of the data's dictionaries (as
+    fairseq loads them), else ``default`` for both."""
+    if not data:
+        return default, default
+    from fairseq.data import Dictionary
+
+    sizes = []
+    for lang in (args.source_lang, args.target_lang):
+        path = os.path.join(data, f"dict.{lang}.txt")
+        if not os.path.exists(path):
+            raise PlanError(f"{data}: no dict.{lang}.txt (a folder fairseq-preprocess wrote, with "
+                            "--source-lang and --target-lang given?)")
+        sizes.append(len(Dictionary.load(path)))
+    return sizes[0], sizes[1]
+
+
+def data_shape(args, count: int) -> Tuple[float, float, float]:
+    """Mean sentences per batch and mean source and target lengths (padded
+    width, as the simulator pads) of ``count`` training batches drawn by
+    fairseq's batch sampler at the command's ``--max-tokens`` (seed 1)."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    cfg = quietly(convert_namespace_to_omegaconf, args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset(cfg.dataset.train_subset)
+    epoch = task.get_batch_iterator(task.dataset(cfg.dataset.train_subset), max_tokens=args.max_tokens,
+                                    max_sentences=args.batch_size, max_positions=(1024, 1024),
+                                    ignore_invalid_inputs=True, seed=1)
+    iterator = quietly(lambda: epoch.next_epoch_itr(shuffle=True))  # torch: no accelerator to pin memory on
+    shapes = []
+    for _ in range(min(count, len(iterator))):
+        sample = quietly(next, iterator)
+        shapes.append((sample["net_input"]["src_tokens"].size(0), sample["net_input"]["src_tokens"].size(1),
+                       sample["target"].size(1)))
+    if not shapes:
+        raise PlanError(f"{args.data}: no training batches at --max-tokens {args.max_tokens}")
+    return tuple(sum(shape[i] for shape in shapes) / len(shapes) for i in range(3))
+
+
+def workload(args, own) -> Workload:
+    """The global batch of the user's command and its twin model."""
+    from ..planning.twin_model import build_registered, VocabularyOfSize
+
+    import torch
+
+    data = args.data if getattr(args, "data", None) else None
+    if data and not os.path.isdir(data):
+        raise PlanError(f"{data}: no such data folder")
+    update_freq = args.update_freq[0] if args.update_freq else 1
+    source_words, target_words = vocabulary_sizes(args, data, own.vocabulary)
+    options = {key: value for key, value in vars(args).items() if key != "arch"}
+    options.update(hybrid_devices="", hybrid_placement="")
+    with torch.device("meta"):
+        model, cfg = build_registered(args.arch, VocabularyOfSize(source_words), VocabularyOfSize(target_words),
+                                      **options)
+    if data:
+        per_batch, source, target = data_shape(args, own.batches)
+        where = (f"{own.batches} batches of {data} at --max-tokens {args.max_tokens}: {per_batch:.1f} sentences "
+                 f"of {source:.1f} + {target:.1f} tokens (padded) on average")
+        source, target = round(source), round(target)
+    else:
+        source, target = own.sentence_length
+        if args.batch_size:
+            per_batch = args.batch_size
+        elif args.max_tokens:
+            per_batch = args.max_tokens // max(source, target)  # fairseq counts the longer side, padded
+        else:
+            raise PlanError("give --max-tokens or --batch-size in the fairseq-train command")
+        where = f"sentences of {source} + {target} tokens (--sentence-length), {per_batch} a batch"
+    if args.batch_size and data:
+        per_batch = min(per_batch, args.batch_size)
+    sentences = int(per_batch) * update_freq
+    if sentences < own.gpus:
+        raise PlanError(f"a global batch of {sentences} sentences cannot be split over {own.gpus} GPUs")
+    return Workload(model, cfg, sentences - sentences % own.gpus, source, target,
+                    where + (f", x {update_freq} (--update-freq)" if update_freq > 1 else ""))
+
+
+def costs_for(own, workload: Workload):
+    """The cost set's function of K (:func:`race.set_costs_of`)."""
+    from ..planning.gpu_costs import GNMT_A100_TOKENS_PER_S, GNMT_V100_TOKENS_PER_S
+    from ..planning.race import set_costs_of, uniform_batch
+
+    tokens_per_s = own.one_device_tokens_per_s or {"v100": GNMT_V100_TOKENS_PER_S}.get(own.cost_set,
+                                                                                      GNMT_A100_TOKENS_PER_S)
+    reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
+    try:
+        return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, "queued",
+                            tokens_per_s)
+    except ValueError as error:
+        raise PlanError(f"--one-device-tokens-per-s {tokens_per_s:g}: {error}") from error
+
+
+def plan(own, args, progress=print) -> Dict:
+    """The race for the user's command: its candidates as rows, the
+    fastest's name, and what the prices assumed."""
+    from ..planning.race import fastest, race
+
+    load = workload(args, own)
+    progress(f"[plan] global batch: {load.sentences} sentences ({load.where})")
+    costs = costs_for(own, load)
+    started = time.time()
+
+    def step_progress(text: str) -> None:
+        progress(f"[plan] {text} ({time.time() - started:.0f} s so far)")
+
+    rows = race(load.model, load.cfg, costs, own.gpus, load.sentences, load.source, load.target,
+                own.micro_batches, None, group_sizes=own.group_sizes, progress=step_progress)
+    tokens = load.sentences * (load.source + load.target)
+    ddp = rows[1] if len(rows) > 1 else None
+    table = []
+    for row in rows:
+        entry = row.as_dict(rows[0], ddp)
+        entry["tokens_per_s"] = tokens / row.step.total
+        table.append(entry)
+    return {"gpus": own.gpus, "cost_set": own.cost_set, "host_cost": own.host_cost, "sentences": load.sentences,
+            "source": load.source, "target": load.target, "shape": load.where, "rows": table,
+            "fastest": fastest(rows).name}
+
+
+def without(train: List[str], names: Sequence[str]) -> List[str]:
+    """``train`` without the options ``names`` and their values."""
+    out, skip = [], False
+    for token in train:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in names:
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+def command_for(row: Dict, train: List[str], args, sentences: int) -> str:
+    """The command line that runs ``row`` at the same global batch."""
+    hybrid = [name for name in ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length",
+                                "--hybrid-micro-batches", "--update-freq", "--max-tokens", "--batch-size",
+                                "--distributed-world-size")]
+    rest = ["DATA" if token == NO_DATA else token for token in without(train, hybrid)]
+    per = row["sentences_per_group"]
+    batch = (["--batch-size", str(per)] if args.batch_size or not args.max_tokens else
+             ["--max-tokens", str(math.ceil(args.max_tokens * (args.update_freq[0] if args.update_freq else 1)
+                                            * per / sentences))])
+    if row["group_size"] == 1:
+        world = ["--distributed-world-size", str(row["gpus"])] if row["gpus"] > 1 else []
+        return shlex.join(["fairseq-train", *rest, *batch, *world])
+    group = ["--user-dir", os.path.join(REPO, "fairseq_hybrid")] if "--user-dir" not in train else []
+    group += ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches", str(row["micro_batches"])]
+    if row["placement"]:
+        group += ["--hybrid-placement", row["placement"]]
+    if row["groups"] == 1:
+        devices = ",".join(f"cuda:{i}" for i in range(row["group_size"]))
+        return shlex.join(["fairseq-train", *rest, *batch, "--hybrid-devices", devices, *group])
+    return shlex.join(["fairseq-hybrid-train", "--nproc-per-node", str(row["groups"]), "--devices-per-process",
+                       str(row["group_size"]), "--", *rest, *batch, *group])
+
+
+def report(result: Dict, train: List[str], args) -> str:
+    lines = [f"Predicted on {result['gpus']} GPU(s), {result['cost_set']} cost set (nothing here has run on a GPU), "
+             f"a global batch of {result['sentences']} sentences a step:", "",
+             f"{'candidate':<28} {'per GPU/group':>13} {'tokens/s':>10} {'vs one GPU':>10} {'vs DDP':>7}"]
+    for row in result["rows"]:
+        mark = "  <- fastest" if row["name"] == result["fastest"] else ""
+        vs_ddp = f"{row['vs_ddp']:.2f}" if "vs_ddp" in row else ""
+        lines.append(f"{row['name']:<28} {row['sentences_per_group']:>13} {row['tokens_per_s']:>10,.0f} "
+                     f"{row['speedup']:>9.2f}x {vs_ddp:>7}{mark}")
+    best = next(row for row in result["rows"] if row["name"] == result["fastest"])
+    lines += ["", "Run the fastest with:", "", "  " + command_for(best, train, args, result["sentences"])]
+    return "\n".join(lines)
+
+
+def integers(text: str) -> List[int]:
+    try:
+        values = [int(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated whole numbers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: whole numbers of at least 1")
+    return values
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad input: one line on stderr and exit status 2 (argparse prints its
+    usage first)."""
+
+    def error(self, message):
+        raise PlanError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="fairseq-hybrid-plan", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, required=True, help="the GPUs you have (N)")
+    parser.add_argument("--cost-set", default="a100", help=f"the GPUs' assumed costs: {', '.join(COST_SETS)} "
+                        "(default a100)")
+    parser.add_argument("--one-device-tokens-per-s", type=float, default=None,
+                        help="one GPU's source + target tokens/s at 128 sentences of 50 + 50 tokens, measured on "
+                        "yours (default: the set's published figure; the p100 set has a FLOP rate of its own)")
+    parser.add_argument("--host-cost", default=HOST_COST if os.path.exists(HOST_COST) else None,
+                        help="host time per cell, benchmarks/bench_host_cost.py --json (default: the checkout's "
+                        "docs/bench/host_cost.json, else 30 us a cell)")
+    parser.add_argument("--sentence-length", type=integers, default=[50, 50],
+                        help="SOURCE,TARGET tokens a sentence, without data in the command (default 50,50)")
+    parser.add_argument("--vocabulary", type=int, default=32000,
+                        help="vocabulary size, without data in the command (default 32000)")
+    parser.add_argument("--batches", type=int, default=50, help="training batches drawn to read the shape")
+    parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4],
+                        help="counts of micro-batches a group tries (default 1,2,4)")
+    parser.add_argument("--json", help="also write the plan as JSON here")
+    return parser
+
+
+def check_own(own) -> None:
+    if own.gpus < 1:
+        raise PlanError(f"--gpus {own.gpus}: at least 1")
+    if own.cost_set not in COST_SETS:
+        raise PlanError(f"--cost-set {own.cost_set}: unknown, one of {', '.join(COST_SETS)}")
+    if own.host_cost and not os.path.isfile(own.host_cost):
+        raise PlanError(f"--host-cost {own.host_cost}: no such file")
+    if len(own.sentence_length) != 2:
+        raise PlanError("--sentence-length takes SOURCE,TARGET")
+    if own.one_device_tokens_per_s is not None and own.one_device_tokens_per_s <= 0:
+        raise PlanError("--one-device-tokens-per-s must be above 0")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv and argv[0] in ("-h", "--help"):
+            build_parser().print_help()
+            return 0
+        own_argv, train = split_command(argv)
+        own = build_parser().parse_args(own_argv)
+        check_own(own)
+        args = parse_training(train)
+        own.group_sizes = group_sizes(args, own.gpus)
+        result = plan(own, args, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    except PlanError as error:
+        print(f"fairseq-hybrid-plan: {error}", file=sys.stderr)
+        return 2
+    print(report(result, train, args))
+    if own.json:
+        import json
+
+        with open(own.json, "w") as file:
+            json.dump(result, file, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

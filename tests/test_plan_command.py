@@ -1,0 +1,92 @@
+"""fairseq-hybrid-plan: its predictions are the race's (one code path),
+it reads the batch's shape from the data, prints the command that runs
+the fastest, shows progress, and refuses bad input in one line with exit
+status 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BIN
+from fairseq_hybrid.commands import plan
+from fairseq_hybrid.planning.gpu_costs import GNMT_A100_TOKENS_PER_S
+from fairseq_hybrid.planning.race import race, set_costs_of, uniform_batch
+from fairseq_hybrid.planning.twin_model import twin_model
+
+
+def test_the_plan_predicts_what_the_race_predicts(tmp_path, capsys):
+    """On 4 GPUs at a global batch of 64 sentences (16 a batch, --update-freq
+    4): the same candidates, steps and choices as race() on the model and
+    cost set named, and the fastest marked with the command that runs it."""
+    out = tmp_path / "plan.json"
+    code = plan.main(["--gpus", "4", "--cost-set", "p100", "--micro-batches", "1,2", "--json", str(out), "--",
+                      "fairseq-train", "-", "--arch", "hybrid_lstm_paper", "--batch-size", "16", "--update-freq", "4"])
+    assert code == 0
+    printed = capsys.readouterr()
+    result = json.loads(out.read_text())
+    model, cfg = twin_model("hybrid_lstm_paper", 32000)
+    costs = set_costs_of("p100", model, cfg, uniform_batch(128, 50, 50), plan.HOST_COST, "queued",
+                         GNMT_A100_TOKENS_PER_S)
+    rows = race(model, cfg, costs, 4, 64, 50, 50, (1, 2), None)
+    assert [row["name"] for row in result["rows"]] == [row.name for row in rows]
+    for mine, theirs in zip(result["rows"], rows):
+        assert mine["step_ms"] == pytest.approx(theirs.step.total * 1e3, rel=1e-12)
+        assert {key: mine.get(key) for key in theirs.choice} == theirs.choice
+    fastest = min(rows, key=lambda row: row.step.total)
+    assert result["fastest"] == fastest.name
+    assert f"{fastest.name}" in printed.out and "<- fastest" in printed.out
+    command = printed.out.split("Run the fastest with:")[1].strip()
+    assert "--batch-size 64" in command and "--update-freq" not in command  # the global batch in one step
+    assert "[plan] pricing a group of 4 at 64 sentences" in printed.err  # progress
+
+
+def test_the_plan_reads_the_batch_shape_from_the_data(binarized, capsys):
+    """With the data folder: fairseq's sampler at the command's
+    --max-tokens gives the shape; DDP's command keeps the global batch
+    (--max-tokens split over the GPUs)."""
+    data = str(binarized / "bin")
+    code = plan.main(["--gpus", "2", "--batches", "5", "--micro-batches", "1", "--", "fairseq-train", data,
+                      "--arch", "hybrid_lstm_tiny", "--max-tokens", "400", "--source-lang", "ja",
+                      "--target-lang", "en"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert f"5 batches of {data} at --max-tokens 400" in printed.err
+    assert "one group of 2" in printed.out and "DDP on 2" in printed.out
+    if "DDP on 2" in printed.out.split("<- fastest")[0].splitlines()[-1]:
+        assert "--max-tokens 200 --distributed-world-size 2" in printed.out
+
+
+BAD = {
+    "--gpus 0": (["--gpus", "0"], ["-", "--arch", "hybrid_lstm_base", "--batch-size", "8"], "--gpus 0: at least 1"),
+    "unknown cost set": (["--gpus", "2", "--cost-set", "h100"], ["-", "--arch", "hybrid_lstm_base", "--batch-size", "8"],
+                         "--cost-set h100: unknown"),
+    "missing data folder": (["--gpus", "2"], ["nowhere", "--arch", "hybrid_lstm_base", "--batch-size", "8"],
+                            "nowhere: no such data folder"),
+    "not a hybrid model": (["--gpus", "2"], ["-", "--arch", "lstm", "--batch-size", "8"],
+                           "a hybrid group trains hybrid_lstm models"),
+    "an option a group refuses": (["--gpus", "2"], ["-", "--arch", "hybrid_lstm_base", "--batch-size", "8",
+                                                    "--pipeline-model-parallel"], "--pipeline-model-parallel"),
+    "an option fairseq refuses": (["--gpus", "2"], ["-", "--arch", "hybrid_lstm_base", "--bogus", "3"],
+                                  "fairseq-train refuses the command: unrecognized arguments: --bogus 3"),
+    "a batch smaller than the GPUs": (["--gpus", "4"], ["-", "--arch", "hybrid_lstm_base", "--batch-size", "2"],
+                                      "a global batch of 2 sentences cannot be split over 4 GPUs"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_one_line_and_exit_status_2(case):
+    own, train, message = BAD[case]
+    result = subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), *own, "--", "fairseq-train", *train],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fairseq-hybrid-plan: ") and message in lines[0], result.stderr
+
+
+def test_a_command_is_needed_after_the_double_dash():
+    result = subprocess.run([sys.executable, "-m", "fairseq_hybrid.commands.plan", "--gpus", "2"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "give your fairseq-train command after --" in result.stderr
