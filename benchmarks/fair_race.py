@@ -45,12 +45,19 @@ share (the GIL), and summed with each cell's device time (pessimistic).
     .venv/bin/python benchmarks/fair_race.py --host-cost docs/bench/host_cost.json \
         --data work/tatoeba_ja_en/bin --out docs/bench
 
-Writes fair_race.json and fair_race.md into --out.  Minutes: no training.
+5. the race at a fixed global batch (the global batch a user keeps as GPUs
+   are added): one GPU, DDP, one group, groups under DDP, through
+   ``fairseq_hybrid.planning.race`` (what ``fairseq-hybrid-plan``
+   predicts with), and at scale; drawn as a map of the regimes.
+
+Writes fair_race.json, fair_race.md and fair_race_map.png into --out.
+Minutes: no training.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -237,6 +244,40 @@ def global_batch_markdown(table: Dict) -> List[str]:
             lines.append(f"| {name} | {ddp['sentences_per_group']} | {ddp['gpus']} | {ddp['step_ms']:.0f} ms | "
                          f"{by_size.get(2, '')} | {by_size.get(4, '')} |")
     return lines
+
+
+def draw_map(table: Dict, path: str) -> None:
+    """The map of the regimes: for each cost set, DDP's step over each
+    candidate's by sentences per GPU under DDP, one line per candidate and
+    GPU count (above 1: faster than DDP at the same global batch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    sets = list(table["sets"])
+    figure, axes = pyplot.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.8), sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], sets):
+        lines: Dict[str, List[Tuple[int, float]]] = {}
+        for rows in table["sets"][name]["fixed"]:
+            per_gpu = rows[1]["sentences_per_group"]
+            for row in rows[2:]:
+                lines.setdefault(f"{row['name']}", []).append((per_gpu, row["vs_ddp"]))
+        for label, points in sorted(lines.items()):
+            points.sort()
+            style = "-o" if label.startswith("one group") else "--s"
+            ax.plot([x for x, _ in points], [y for _, y in points], style, label=label, markersize=4)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([16, 32, 64, 128], ["16", "32", "64", "128"])
+        ax.set_title(f"{name} set (predicted)")
+        ax.set_xlabel("sentences per GPU under DDP")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("DDP's step / the candidate's (same global batch)")
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)
 
 
 def real_batches(data: str, max_tokens: int, count: int) -> List[Tuple[List[int], List[int]]]:
@@ -483,7 +524,12 @@ def main(argv=None) -> int:
     parser.add_argument("--scale-per-gpu", type=integers, default=[16, 32, 64, 128],
                         help="sentences per GPU under DDP at scale (default 16,32,64,128)")
     parser.add_argument("--out")
+    parser.add_argument("--redraw", metavar="JSON", help="only draw the map (fair_race_map.png, into --out) from a "
+                        "fair_race.json written before")
     args = parser.parse_args(argv)
+    if args.redraw:
+        draw_map(json.load(open(args.redraw))["global_batch"], os.path.join(args.out or ".", "fair_race_map.png"))
+        return 0
     if args.data and not os.path.isdir(args.data):
         parser.error(f"--data {args.data}: {measuring.NO_DATA}")
     started = time.time()
@@ -505,6 +551,8 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         write_report(report, os.path.join(args.out, "fair_race.json"), text)
+        if report.get("global_batch"):
+            draw_map(report["global_batch"], os.path.join(args.out, "fair_race_map.png"))
     return 0
 
 

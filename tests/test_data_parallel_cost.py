@@ -130,6 +130,7 @@ def test_the_race_at_a_fixed_global_batch(tmp_path):
     text = (tmp_path / "fair_race.md").read_text()
     assert "At a fixed global batch of B sentences" in text and "| 4 | 64 | 16 |" in text
     assert "| p100 | 16 | 8 |" in text
+    assert os.path.getsize(tmp_path / "fair_race_map.png") > 1000  # the map of the regimes
 
 
 def test_small_lstm_batches_run_at_a_gpus_lower_throughput():
