@@ -50,7 +50,8 @@ share (the GIL), and summed with each cell's device time (pessimistic).
    ``fairseq_hybrid.planning.race`` (what ``fairseq-hybrid-plan``
    predicts with), and at scale; drawn as a map of the regimes.
 
-Writes fair_race.json, fair_race.md and fair_race_map.png into --out.
+Writes fair_race.json, fair_race.md and fair_race_map.png into --out
+(``--only-global``: the fifth alone, fair_race_global.json and .md).
 Minutes: no training.
 """
 
@@ -258,15 +259,17 @@ def draw_map(table: Dict, path: str) -> None:
     sets = list(table["sets"])
     figure, axes = pyplot.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.8), sharey=True, squeeze=False)
     for ax, name in zip(axes[0], sets):
-        lines: Dict[str, List[Tuple[int, float]]] = {}
+        lines: Dict[Tuple[int, int], List[Tuple[int, float]]] = {}
         for rows in table["sets"][name]["fixed"]:
             per_gpu = rows[1]["sentences_per_group"]
             for row in rows[2:]:
-                lines.setdefault(f"{row['name']}", []).append((per_gpu, row["vs_ddp"]))
-        for label, points in sorted(lines.items()):
+                lines.setdefault((row["group_size"], row["gpus"]), []).append((per_gpu, row["vs_ddp"]))
+        for (size, gpus), points in sorted(lines.items()):
             points.sort()
-            style = "-o" if label.startswith("one group") else "--s"
-            ax.plot([x for x, _ in points], [y for _, y in points], style, label=label, markersize=4)
+            label = f"group{'s' if gpus > size else ''} of {size} on {gpus} GPUs"
+            ax.plot([x for x, _ in points], [y for _, y in points], label=label, markersize=5,
+                    color={2: "tab:blue", 4: "tab:orange"}.get(size, "tab:green"),
+                    marker={2: "o", 4: "s", 8: "^"}.get(gpus, "x"), linestyle={2: "-", 4: "--", 8: ":"}.get(gpus, "-"))
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks([16, 32, 64, 128], ["16", "32", "64", "128"])
@@ -524,6 +527,9 @@ def main(argv=None) -> int:
     parser.add_argument("--scale-per-gpu", type=integers, default=[16, 32, 64, 128],
                         help="sentences per GPU under DDP at scale (default 16,32,64,128)")
     parser.add_argument("--out")
+    parser.add_argument("--only-global", action="store_true",
+                        help="only the race at a fixed global batch and its map (fair_race_global.json and .md, "
+                        "fair_race_map.png)")
     parser.add_argument("--redraw", metavar="JSON", help="only draw the map (fair_race_map.png, into --out) from a "
                         "fair_race.json written before")
     args = parser.parse_args(argv)
@@ -533,6 +539,14 @@ def main(argv=None) -> int:
     if args.data and not os.path.isdir(args.data):
         parser.error(f"--data {args.data}: {measuring.NO_DATA}")
     started = time.time()
+    if args.only_global:
+        report = {"global_batch": global_batch_table(args), "minutes": (time.time() - started) / 60}
+        text = "\n".join(global_batch_markdown(report["global_batch"])).strip() + "\n"
+        print(text)
+        if args.out:
+            write_report(report, os.path.join(args.out, "fair_race_global.json"), text)
+            draw_map(report["global_batch"], os.path.join(args.out, "fair_race_map.png"))
+        return 0
     sample = batch(4 * PER_GPU[0], [PER_GPU[1]] * 4 * PER_GPU[0], PER_GPU[2])
     report = {"bounds": bound_table(args, sample),
               "race": {host_model: race_table(args, host_model) for host_model in args.host_models}}

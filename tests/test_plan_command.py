@@ -90,3 +90,14 @@ def test_a_command_is_needed_after_the_double_dash():
     result = subprocess.run([sys.executable, "-m", "fairseq_hybrid.commands.plan", "--gpus", "2"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "give your fairseq-train command after --" in result.stderr
+
+
+def test_group_sizes_the_model_cannot_hold_are_left_out(capsys):
+    """hybrid_lstm_base has 2 + 2 layers: on 4 GPUs the plan prices DDP and
+    two groups of two, and no group of four (the engine would refuse it)."""
+    code = plan.main(["--gpus", "4", "--micro-batches", "1", "--", "fairseq-train", "-", "--arch", "hybrid_lstm_base",
+                      "--batch-size", "32"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "2 groups of 2 under DDP" in printed.out and "DDP on 4" in printed.out
+    assert "group of 4" not in printed.out

@@ -119,17 +119,16 @@ def group_sizes(args, gpus: int) -> List[int]:
 
     from ..fairseq_patches.trainer_checks import check_training_setup
     from ..parallel import DevicePlanError, build_plan
-    from ..planning.race import group_sizes_for
+    from ..planning.race import group_sizes_for, holds
 
     if not args.arch.startswith("hybrid_lstm"):
         raise PlanError(f"--arch {args.arch}: a hybrid group trains hybrid_lstm models (hybrid_lstm_base, "
                         "hybrid_lstm_paper, ...); fairseq's own architectures run on one GPU or under DDP only")
     sizes = []
     for size in group_sizes_for(gpus):
-        try:
-            plan = build_plan(",".join(["cpu"] * size), "", "hybrid", args.encoder_layers, args.decoder_layers)
-        except DevicePlanError:
+        if not holds(args, size):
             continue  # more devices than the model has layers for
+        plan = build_plan(",".join(["cpu"] * size), "", "hybrid", args.encoder_layers, args.decoder_layers)
         try:
             check_training_setup(quietly(convert_namespace_to_omegaconf, args), SimpleNamespace(
                 hybrid_group=SimpleNamespace(plan=plan)))

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..parallel import DevicePlanError, build_plan
 from .data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes
 from .gpu_costs import STEP_US, best_chunk_length, predicted_step, set_costs, set_rate
 from .placement_search import best_placement
@@ -30,7 +31,7 @@ from .schedule_simulator import CostModel, StepTime
 from .twin_model import batch
 
 __all__ = ["Costs", "set_costs_of", "searched", "best_group", "chosen", "uniform_batch", "Candidate", "race",
-           "group_sizes_for", "fastest"]
+           "group_sizes_for", "holds", "fastest"]
 
 Costs = Callable[[int], Tuple[CostModel, CostModel]]  # K -> (a group of K's cost model, one device's)
 
@@ -130,6 +131,16 @@ def group_sizes_for(gpus: int, sizes: Sequence[int] = (2, 4, 8)) -> List[int]:
     return [size for size in sizes if size <= gpus and gpus % size == 0]
 
 
+def holds(cfg, k: int) -> bool:
+    """Whether a group of ``k`` devices can place the model (the engine
+    refuses more devices than the model has layers for)."""
+    try:
+        build_plan(",".join(["cpu"] * k), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    except DevicePlanError:
+        return False
+    return True
+
+
 def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int, target: int,
          micro_batch_counts: Sequence[int] = (1, 2, 4), lengths=None,
          group_sizes: Optional[Sequence[int]] = None, progress: Callable[[str], None] = lambda text: None,
@@ -140,8 +151,8 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
     gpus`` per GPU, and for each group size K (default
     :func:`group_sizes_for`) ``gpus / K`` groups of K under DDP, each at
     ``global_sentences * K / gpus`` (one group of all GPUs when K =
-    ``gpus``).  A size whose share is not a whole number of sentences is
-    left out.  ``memo`` keeps groups priced by (K, sentences) across calls
+    ``gpus``).  A size whose share is not a whole number of sentences, or
+    that the model has too few layers for, is left out.  ``memo`` keeps groups priced by (K, sentences) across calls
     (the same group appears in several rows)."""
     memo = {} if memo is None else memo
     model_bytes = gradient_bytes(model)
@@ -157,7 +168,7 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
         rows.append(Candidate(f"DDP on {gpus}", gpus, 1, gpus, per_gpu,
                               data_parallel_step(alone, model_bytes, gpus, one_cost)))
     for k in group_sizes if group_sizes is not None else group_sizes_for(gpus):
-        if gpus % k or (global_sentences * k) % gpus:
+        if gpus % k or (global_sentences * k) % gpus or not holds(cfg, k):
             continue
         sentences = global_sentences * k // gpus
         key = (k, sentences, source, target)
