@@ -46,6 +46,9 @@ __all__ = ["PlanError", "Workload", "main", "plan"]
 COST_SETS = ("p100", "a100", "v100")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_DATA = "-"  # the data folder in a command planned without data
+# the options the printed command sets itself: the batch, the GPUs, the group's choices
+REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
+                    "--update-freq", "--max-tokens", "--batch-size", "--distributed-world-size")
 HOST_COST = os.path.join(REPO, "docs", "bench", "host_cost.json")  # bench_host_cost.py on CPU, in a checkout
 
 
@@ -118,17 +121,17 @@ def group_sizes(args, gpus: int) -> List[int]:
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     from ..fairseq_patches.trainer_checks import check_training_setup
-    from ..parallel import DevicePlanError, build_plan
-    from ..planning.race import group_sizes_for, holds
+    from ..parallel import DevicePlanError
+    from ..planning.race import group_sizes_for, plan_for
 
     if not args.arch.startswith("hybrid_lstm"):
         raise PlanError(f"--arch {args.arch}: a hybrid group trains hybrid_lstm models (hybrid_lstm_base, "
                         "hybrid_lstm_paper, ...); fairseq's own architectures run on one GPU or under DDP only")
     sizes = []
     for size in group_sizes_for(gpus):
-        if not holds(args, size):
+        plan = plan_for(args, size)
+        if plan is None:
             continue  # more devices than the model has layers for
-        plan = build_plan(",".join(["cpu"] * size), "", "hybrid", args.encoder_layers, args.decoder_layers)
         try:
             check_training_setup(quietly(convert_namespace_to_omegaconf, args), SimpleNamespace(
                 hybrid_group=SimpleNamespace(plan=plan)))
@@ -209,8 +212,6 @@ def workload(args, own) -> Workload:
         else:
             raise PlanError("give --max-tokens or --batch-size in the fairseq-train command")
         where = f"sentences of {source} + {target} tokens (--sentence-length), {per_batch} a batch"
-    if args.batch_size and data:
-        per_batch = min(per_batch, args.batch_size)
     sentences = int(per_batch) * update_freq
     if sentences < own.gpus:
         raise PlanError(f"a global batch of {sentences} sentences cannot be split over {own.gpus} GPUs")
@@ -277,10 +278,7 @@ def without(train: List[str], names: Sequence[str]) -> List[str]:
 
 def command_for(row: Dict, train: List[str], args, sentences: int) -> str:
     """The command line that runs ``row`` at the same global batch."""
-    hybrid = [name for name in ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length",
-                                "--hybrid-micro-batches", "--update-freq", "--max-tokens", "--batch-size",
-                                "--distributed-world-size")]
-    rest = ["DATA" if token == NO_DATA else token for token in without(train, hybrid)]
+    rest = ["DATA" if token == NO_DATA else token for token in without(train, REPLACED_OPTIONS)]
     per = row["sentences_per_group"]
     batch = (["--batch-size", str(per)] if args.batch_size or not args.max_tokens else
              ["--max-tokens", str(math.ceil(args.max_tokens * (args.update_freq[0] if args.update_freq else 1)

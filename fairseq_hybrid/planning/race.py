@@ -31,7 +31,7 @@ from .schedule_simulator import CostModel, StepTime
 from .twin_model import batch
 
 __all__ = ["Costs", "set_costs_of", "searched", "best_group", "chosen", "uniform_batch", "Candidate", "race",
-           "group_sizes_for", "holds", "fastest"]
+           "group_sizes_for", "plan_for", "fastest"]
 
 Costs = Callable[[int], Tuple[CostModel, CostModel]]  # K -> (a group of K's cost model, one device's)
 
@@ -131,14 +131,14 @@ def group_sizes_for(gpus: int, sizes: Sequence[int] = (2, 4, 8)) -> List[int]:
     return [size for size in sizes if size <= gpus and gpus % size == 0]
 
 
-def holds(cfg, k: int) -> bool:
-    """Whether a group of ``k`` devices can place the model (the engine
-    refuses more devices than the model has layers for)."""
+def plan_for(cfg, k: int):
+    """The default plan of a group of ``k`` CPU devices for the model, or
+    None where the engine refuses it (more devices than the model has
+    layers for)."""
     try:
-        build_plan(",".join(["cpu"] * k), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+        return build_plan(",".join(["cpu"] * k), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     except DevicePlanError:
-        return False
-    return True
+        return None
 
 
 def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int, target: int,
@@ -168,13 +168,13 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
         rows.append(Candidate(f"DDP on {gpus}", gpus, 1, gpus, per_gpu,
                               data_parallel_step(alone, model_bytes, gpus, one_cost)))
     for k in group_sizes if group_sizes is not None else group_sizes_for(gpus):
-        if gpus % k or (global_sentences * k) % gpus or not holds(cfg, k):
+        if gpus % k or (global_sentences * k) % gpus or plan_for(cfg, k) is None:
             continue
         sentences = global_sentences * k // gpus
         key = (k, sentences, source, target)
+        group_cost = costs(k)[0]  # one cost model a size (it reads the host-cost file)
         if key not in memo:
             progress(f"pricing a group of {k} at {sentences} sentences")
-            group_cost = costs(k)[0]
             memo[key] = best_group(model, cfg, k, group_cost, uniform_batch(sentences, source, target),
                                    micro_batch_counts, lengths)
         group = memo[key]
@@ -183,7 +183,7 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
             rows.append(Candidate(f"one group of {k}", gpus, k, 1, sentences, group["step"], chosen(group)))
         else:
             owned = max(owned_bytes(model, cfg, k, group["placement"]))
-            step = data_parallel_step(group["step"], owned, groups, costs(k)[0])
+            step = data_parallel_step(group["step"], owned, groups, group_cost)
             rows.append(Candidate(f"{groups} groups of {k} under DDP", gpus, k, groups, sentences, step,
                                   chosen(group)))
     return rows
