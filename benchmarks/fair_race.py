@@ -68,6 +68,7 @@ from typing import Dict, List, Sequence, Tuple
 from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import build_hybrid_step, build_plan
+from fairseq_hybrid.planning import cost_file
 from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
                                                        owned_bytes, speedup)
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
@@ -184,9 +185,15 @@ def global_batch_table(args) -> Dict:
     reference = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
     host_model = args.host_models[0]
     report: Dict = {"host_model": host_model, "sentence": list(PER_GPU[1:]), "sets": {}}
-    for name in args.global_sets:
-        tokens_per_s = GLOBAL_SETS[name] or args.one_device_tokens_per_s
-        costs = set_costs_of(name, model, cfg, reference, args.host_cost, host_model, tokens_per_s)
+    measured = {} if not getattr(args, "cost_file", None) else {"measured": cost_file.register(args.cost_file)}
+    for name in [*args.global_sets, *measured]:
+        if name in measured:  # a cost file: its own tokens/s and host time per cell
+            costs = set_costs_of(measured[name].name, model, cfg, reference, measured[name].path, host_model,
+                                 measured[name].tokens_per_s)
+            report.setdefault("measured_on", measured[name].measured_on)
+        else:
+            costs = set_costs_of(name, model, cfg, reference, args.host_cost, host_model,
+                                 GLOBAL_SETS[name] or args.one_device_tokens_per_s)
         memo: Dict = {}
         fixed, scale = [], []
         for gpus in args.global_gpus:
@@ -221,6 +228,8 @@ def global_batch_markdown(table: Dict) -> List[str]:
              "4 under DDP each at their share; tokens/s over one GPU at B, and in brackets the step of DDP over "
              "the row's (above 1: faster than DDP); each group at its best micro-batches, chunk length and "
              "placement:", ""]
+    if table.get("measured_on"):
+        lines += [f"The measured set is a cost file (`--cost-file`): {table['measured_on']}.", ""]
     for name, sets in table["sets"].items():
         lines += [f"{name} set:", "",
                   "| GPUs K | B | per GPU under DDP | DDP | groups of 2 under DDP | groups of 4 under DDP | one group of K |",
@@ -519,6 +528,8 @@ def main(argv=None) -> int:
                         help="leave out the calibration in GNMT v2's published setting (4 x V100)")
     parser.add_argument("--global-sets", type=names_of(GLOBAL_SETS), default=list(GLOBAL_SETS),
                         help="cost sets of the race at a fixed global batch (default p100,a100,v100; none: leave out)")
+    parser.add_argument("--cost-file", help="also race under a cost set one GPU measured (benchmarks/gpu_check.py "
+                        "--phases calibrate writes it), named 'measured' in the tables and the map")
     parser.add_argument("--global-gpus", type=integers, default=[2, 4, 8], help="its GPU counts (default 2,4,8)")
     parser.add_argument("--global-batches", type=integers, default=[64, 128, 256, 512, 1024],
                         help="its global batches in sentences (default 64,128,256,512,1024)")

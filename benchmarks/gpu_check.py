@@ -20,15 +20,15 @@ the end one JSON file and one Markdown table (``--out``, default
   speed       target tokens/s of fairseq's lstm against hybrid_lstm at the
               same size on one device, and of one device against groups of
               K = 2 and 4 (virtual) devices in each mode
-  calibrate   the inputs of the predicted speed-up table, measured: the
-              host time per cell on this GPU machine (bench_host_cost.py
-              --device cuda), an LSTM layer's time per step at batches 16
-              to 512 (hidden 1024: what lstm_batch_efficiency.json takes
-              from DeepBench), one device's tokens/s in the paper's setting
-              (hybrid_lstm_paper, 32k vocabulary, 128 sentences of 50 + 50),
-              a group of 4 at several chunk lengths and micro-batch counts,
-              and predict_speedups.py run on these instead of a CPU's host
-              time and GNMT v2's rate
+  calibrate   what the predictions assume, measured, and written as a cost
+              file (cost_file.json in --out) that fairseq-hybrid-plan and
+              fair_race.py read with --cost-file: the host time per cell on
+              this GPU machine (bench_host_cost.py --device cuda), an LSTM
+              layer's time per step at batches 16 to 512 (hidden 1024: what
+              lstm_batch_efficiency.json takes from DeepBench), one device's
+              tokens/s in the paper's setting (hybrid_lstm_paper, 32k
+              vocabulary, 128 sentences of 50 + 50); then a group of 4 at
+              several chunk lengths and micro-batch counts
   streams     PyTorch's CUDA Sanitizer on the caller and on every worker
               thread, sharing one record (fairseq_hybrid.harness.cuda_sanitizer_workers),
               over one exactness step per mode on groups of 2 and 4, the
@@ -43,7 +43,9 @@ import argparse
 import faulthandler
 import json
 import os
+import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,7 +56,14 @@ import time
 LOADED = time.time()
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-BIN = os.path.dirname(sys.executable)
+# fairseq's commands as modules of this interpreter: a GPU machine's python may carry fairseq on PYTHONPATH
+# (installed with --target) without its console scripts beside the interpreter
+FAIRSEQ_PREPROCESS = [sys.executable, "-m", "fairseq_cli.preprocess"]
+FAIRSEQ_TRAIN = [sys.executable, "-m", "fairseq_cli.train"]
+COST_FILE = "cost_file.json"  # what calibrate measured, as a cost set (fairseq_hybrid.planning.cost_file)
+# what one GPU cannot measure (the link between GPUs, the step's time outside the cells, an LSTM time step's
+# latency) the cost file takes from this set: NVLink 3, the nearest of the named sets to an H100/H200 server's
+COST_BASE = "a100"
 FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
 PHASES = ("exactness", "precision", "speed", "calibrate", "streams")
 # seconds per phase; with the start of each child they fit BUDGET, the 8 minutes a lent GPU machine gives
@@ -176,7 +185,7 @@ def binarize(work):
                            FIXTURE, "--out-dir", os.path.join(work, "spm"), "--src", "ja", "--tgt", "en",
                            "--train-model", "--vocab-size", "2000"])
     spm = os.path.join(work, "spm")
-    subprocess.check_call([os.path.join(BIN, "fairseq-preprocess"), "--source-lang", "ja", "--target-lang", "en",
+    subprocess.check_call([*FAIRSEQ_PREPROCESS, "--source-lang", "ja", "--target-lang", "en",
                            "--joined-dictionary", "--trainpref", f"{spm}/train", "--validpref", f"{spm}/valid",
                            "--destdir", out, "--workers", "1"])
     return out
@@ -196,7 +205,7 @@ def phase_precision(args, result):
         flags = [] if precision == "fp32" else [f"--{precision}"]
         for side, extra in (("one device", []), (f"group {group}", ["--hybrid-devices", group])):
             save = os.path.join(args.work, f"precision_{precision}_{'group' if extra else 'one'}")
-            command = [os.path.join(BIN, "fairseq-train"), data, "--user-dir", os.path.join(REPO, "fairseq_hybrid"),
+            command = [*FAIRSEQ_TRAIN, data, "--user-dir", os.path.join(REPO, "fairseq_hybrid"),
                        "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
                        "--optimizer", "adam", "--lr", "0.005", "--clip-norm", "1.0", "--max-tokens", "600",
                        "--max-update", str(args.updates), "--save-dir", save, "--no-epoch-checkpoints",
@@ -274,10 +283,16 @@ def phase_speed(args, result):
 
 
 def phase_calibrate(args, result):
-    """What the predicted table assumed, measured where it runs: host time
-    per cell, one device's rate, the chunk lengths.  On CPU a smoke run at
-    tiny sizes (the figures then say nothing of a GPU)."""
+    """What the predictions assume, measured where they would run, and
+    written as a cost file (``COST_FILE``; ``fairseq_hybrid.planning.cost_file``)
+    that ``fairseq-hybrid-plan --cost-file`` and ``fair_race.py --cost-file``
+    price with: the host time per cell, an LSTM layer's time per step by
+    batch, one device's tokens/s.  Then the measured side of the
+    predictions: a group of 4 by chunk length and micro-batches.  On CPU a
+    smoke run at tiny sizes (the figures then say nothing of a GPU)."""
     import torch
+
+    from fairseq_hybrid.planning import cost_file
 
     cuda = args.device == "cuda"
     count = torch.cuda.device_count() if cuda else 0
@@ -288,15 +303,27 @@ def phase_calibrate(args, result):
                           stdout=subprocess.DEVNULL)
     host = json.load(open(host_cost))
     result["host_us_per_cell"] = {f"K={row['k']}": row["cell_us"] for row in host["rows"] if row["chunk_length"] == 0}
-    result["lstm_seconds_per_step"] = (lstm_seconds_per_step("cuda", 1024, LSTM_BATCHES) if cuda else
-                                       lstm_seconds_per_step("cpu", 16, (2, 4), steps=5))
+    batches = LSTM_BATCHES if cuda else (2, 4)
+    lstm = (lstm_seconds_per_step("cuda", 1024, batches) if cuda else
+            lstm_seconds_per_step("cpu", 16, batches, steps=5))
+    result["lstm_seconds_per_step"] = lstm
 
     # the paper's setting on a GPU; a tiny one for the CPU smoke run
     arch, shape = (("hybrid_lstm_paper", dict(batch=128, length=50, vocab=32000)) if cuda else
                    ("hybrid_lstm_tiny", dict(batch=8, length=6, vocab=50)))
+    result["shape"] = f"{arch}, {shape['batch']} sentences of {shape['length']} + {shape['length']} tokens"
     common = dict(device=args.device, steps=args.steps, **shape)
     one = throughput(arch, [], "hybrid", options={}, **common)
     result["one_device_tokens_per_s"] = 2 * one  # source + target, as GNMT v2 counts (equal lengths here)
+    where = torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.processor() or platform.machine()})"
+    path = os.path.join(args.work, COST_FILE)
+    cost_file.write(path, base=COST_BASE, tokens_per_s=2 * one, lstm_seconds=lstm, host_cost=host,
+                    measured_on=f"{where}, torch {torch.__version__}, benchmarks/gpu_check.py calibrate, "
+                                f"{time.strftime('%Y-%m-%d')}",
+                    reference_batch=128 if cuda else max(batches),
+                    shape=f"{result['shape']}, {shape['vocab']} words")
+    result["cost_file"] = path
+
     devices = devices_for(args.device, count, 4 if cuda else 2)
     sweep = {}
     result["chunk_sweep"] = {"devices": ",".join(devices), "rows": sweep}  # kept row by row
@@ -310,14 +337,7 @@ def phase_calibrate(args, result):
         sweep[f"0, M={micro_batches}"] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
         result.save()
         print(micro_batches, sweep[f"0, M={micro_batches}"], flush=True)
-
-    predicted = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "predict_speedups.py"), "--host-cost",
-                                host_cost, "--one-device-tokens-per-s", str(result["one_device_tokens_per_s"]),
-                                "--out", os.path.join(args.work, "predicted")], capture_output=True, text=True)
-    result["predicted"] = (predicted.stdout if predicted.returncode == 0
-                           else f"predict_speedups.py failed: {predicted.stderr[-1500:]}")
-    result["ok"] = predicted.returncode == 0 or not cuda  # a tiny CPU rate may fit no FLOP rate: not a failure
-    result["shape"] = f"{arch}, {shape['batch']} sentences of {shape['length']} + {shape['length']} tokens"
+    result["ok"] = True
 
 
 def lstm_seconds_per_step(device, hidden, batches, steps=25, repeats=5):
@@ -459,9 +479,8 @@ def markdown(report):
                   "| --- | ---: | ---: |"]
         lines += [f"| {r['system']} | {r['tokens_per_s']:,.0f} | {r['vs_one_device']:.2f}x |" for r in speed["rows"]]
     calibrate = report["phases"].get("calibrate", {})
-    if calibrate.get("predicted"):
-        lines += ["", "Predicted with this machine's host time and one-device rate (`benchmarks/predict_speedups.py`):",
-                  "", calibrate["predicted"]]
+    if calibrate.get("cost_file"):
+        lines += ["", f"Cost file: `{COST_FILE}` (`fairseq-hybrid-plan --cost-file`, `fair_race.py --cost-file`)."]
     return "\n".join(lines) + "\n"
 
 
@@ -516,6 +535,9 @@ def main():
               f"in {report['phases'][name]['seconds']} s", flush=True)
     report["seconds"] = round(time.time() - started, 1)
     os.makedirs(args.out, exist_ok=True)
+    measured = os.path.join(args.work, COST_FILE)
+    if os.path.exists(measured):
+        shutil.copy(measured, os.path.join(args.out, COST_FILE))
     json.dump(report, open(os.path.join(args.out, "gpu_check.json"), "w"), indent=2)
     table = markdown(report)
     open(os.path.join(args.out, "gpu_check.md"), "w").write(table)

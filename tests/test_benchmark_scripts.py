@@ -116,8 +116,8 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     """The GPU check's precision phase on CPU devices (fp32 only there):
     fairseq-train on one device and on a group, then the comparison; the
     calibrate phase's smoke run (host time per cell, one device's rate, the
-    chunk sweep with auto, the prediction from them); the JSON and the table
-    are written."""
+    chunk sweep with auto) and the cost file it writes from them; the JSON
+    and the table are written."""
     out = tmp_path / "out"
     run(sys.executable, os.path.join(BENCHMARKS, "gpu_check.py"), "--device", "cpu", "--phases",
         "precision,calibrate,streams", "--updates", "2", "--steps", "2", "--out", out, "--work", tmp_path / "work",
@@ -138,6 +138,13 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     assert report["seconds"] <= report["budget"] == 480
     assert all(row["tokens_per_s"] > 0 for row in calibrate["chunk_sweep"]["rows"].values())
     assert "| calibrate | yes |" in open(out / "gpu_check.md").read()
+    from fairseq_hybrid.planning import cost_file  # what it measured, as a cost set the planner reads
+
+    written = cost_file.load(str(out / "cost_file.json"))
+    assert written["one_device_tokens_per_s"] == calibrate["one_device_tokens_per_s"]
+    assert written["lstm"]["seconds_per_step"]["forward"] == [
+        [int(batch), row["forward"]] for batch, row in calibrate["lstm_seconds_per_step"]["rows"].items()]
+    assert written["host_cost"]["rows"][0]["cell_us"] == calibrate["host_us_per_cell"]["K=1"]
 
 
 @pytest.mark.slow

@@ -18,7 +18,10 @@ The prices are the race's (:func:`fairseq_hybrid.planning.race.race`, what
 ``benchmarks/fair_race.py`` tabulates): one code path.  Nothing here has
 run on a GPU; every figure is a prediction under the cost set named
 (``--cost-set``; the FLOP rate solved for a published one-GPU tokens/s, or
-``--one-device-tokens-per-s`` measured on yours).
+``--one-device-tokens-per-s`` measured on yours), or under a cost file
+that a GPU measured (``--cost-file``, written by ``benchmarks/gpu_check.py
+--phases calibrate``: that GPU's LSTM curve, host time per cell and
+tokens/s; ``fairseq_hybrid.planning.cost_file``).
 
 With the data folder in the command, the batch's shape comes from it
 (``-`` in its place: no data, ``--sentence-length`` and ``--vocabulary``):
@@ -224,8 +227,8 @@ def costs_for(own, workload: Workload):
     from ..planning.gpu_costs import GNMT_A100_TOKENS_PER_S, GNMT_V100_TOKENS_PER_S
     from ..planning.race import set_costs_of, uniform_batch
 
-    tokens_per_s = own.one_device_tokens_per_s or {"v100": GNMT_V100_TOKENS_PER_S}.get(own.cost_set,
-                                                                                      GNMT_A100_TOKENS_PER_S)
+    tokens_per_s = own.one_device_tokens_per_s or own.file_tokens_per_s or {
+        "v100": GNMT_V100_TOKENS_PER_S}.get(own.cost_set, GNMT_A100_TOKENS_PER_S)
     reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
     try:
         return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, "queued",
@@ -256,7 +259,8 @@ def plan(own, args, progress=print) -> Dict:
         entry = row.as_dict(rows[0], ddp)
         entry["tokens_per_s"] = tokens / row.step.total
         table.append(entry)
-    return {"gpus": own.gpus, "cost_set": own.cost_set, "host_cost": own.host_cost, "sentences": load.sentences,
+    return {"gpus": own.gpus, "cost_set": own.cost_set, "cost_file": own.cost_file, "measured_on": own.measured_on,
+            "host_cost": own.host_cost, "sentences": load.sentences,
             "source": load.source, "target": load.target, "shape": load.where, "rows": table,
             "fastest": fastest(rows).name}
 
@@ -298,8 +302,9 @@ def command_for(row: Dict, train: List[str], args, sentences: int) -> str:
 
 
 def report(result: Dict, train: List[str], args) -> str:
-    lines = [f"Predicted on {result['gpus']} GPU(s), {result['cost_set']} cost set (nothing here has run on a GPU), "
-             f"a global batch of {result['sentences']} sentences a step:", "",
+    where = (f"the cost file {result['cost_file']} ({result['measured_on']})" if result.get("cost_file") else
+             f"{result['cost_set']} cost set (nothing here has run on a GPU)")
+    lines = [f"Predicted on {result['gpus']} GPU(s), {where}, a global batch of {result['sentences']} sentences a step:", "",
              f"{'candidate':<28} {'per GPU/group':>13} {'tokens/s':>10} {'vs one GPU':>10} {'vs DDP':>7}"]
     for row in result["rows"]:
         mark = "  <- fastest" if row["name"] == result["fastest"] else ""
@@ -335,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", type=int, required=True, help="the GPUs you have (N)")
     parser.add_argument("--cost-set", default="a100", help=f"the GPUs' assumed costs: {', '.join(COST_SETS)} "
                         "(default a100)")
+    parser.add_argument("--cost-file", default=None,
+                        help="a cost set one GPU measured (benchmarks/gpu_check.py --phases calibrate writes it): "
+                        "its LSTM curve, host time per cell and tokens/s replace --cost-set's, --host-cost and "
+                        "the published tokens/s")
     parser.add_argument("--one-device-tokens-per-s", type=float, default=None,
                         help="one GPU's source + target tokens/s at 128 sentences of 50 + 50 tokens, measured on "
                         "yours (default: the set's published figure; the p100 set has a FLOP rate of its own)")
@@ -353,12 +362,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_own(own) -> None:
+    """Refuse bad options with one line; a cost file is registered as a set
+    of its own and takes the place of ``--cost-set`` and ``--host-cost``."""
     if own.gpus < 1:
         raise PlanError(f"--gpus {own.gpus}: at least 1")
-    if own.cost_set not in COST_SETS:
-        raise PlanError(f"--cost-set {own.cost_set}: unknown, one of {', '.join(COST_SETS)}")
-    if own.host_cost and not os.path.isfile(own.host_cost):
-        raise PlanError(f"--host-cost {own.host_cost}: no such file")
+    own.file_tokens_per_s, own.measured_on = None, ""
+    if own.cost_file:
+        from ..planning.cost_file import CostFileError, register
+
+        try:
+            measured = register(own.cost_file)
+        except CostFileError as error:
+            raise PlanError(f"--cost-file {error}") from error
+        own.cost_set, own.host_cost = measured.name, own.cost_file
+        own.file_tokens_per_s, own.measured_on = measured.tokens_per_s, measured.measured_on
+    else:
+        if own.cost_set not in COST_SETS:
+            raise PlanError(f"--cost-set {own.cost_set}: unknown, one of {', '.join(COST_SETS)}")
+        if own.host_cost and not os.path.isfile(own.host_cost):
+            raise PlanError(f"--host-cost {own.host_cost}: no such file")
     if len(own.sentence_length) != 2:
         raise PlanError("--sentence-length takes SOURCE,TARGET")
     if own.one_device_tokens_per_s is not None and own.one_device_tokens_per_s <= 0:

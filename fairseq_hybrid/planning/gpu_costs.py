@@ -29,7 +29,8 @@ from ..parallel import build_hybrid_step, build_plan
 from .chunk_choice import candidate_lengths
 from .schedule_simulator import CostModel, StepTime, flops, step_time
 
-__all__ = ["KINDS", "PHASES", "COST_SETS", "STEP_US", "HOST_MODELS", "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
+__all__ = ["KINDS", "PHASES", "COST_SETS", "NAMED_SETS", "LSTM_CURVES", "host_report", "STEP_US", "HOST_MODELS",
+           "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
            "GNMT_V100_DDP_4", "P100_RATE", "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate",
            "set_costs", "total_flops", "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step",
            "best_chunk_length"]
@@ -43,9 +44,14 @@ COST_SETS = {
     # over about 160M fp32 parameters at 900 GB/s in about 5 ms
     "v100": {"step_overhead": 5e-3, "link_bandwidth": 100e9, "link_latency": 10e-6},
 }
+NAMED_SETS = tuple(COST_SETS)  # the published ones; a cost file adds "file:<name>" (planning/cost_file.py)
 
 # the latency of one LSTM time step forward (twice backward) each set assumes, in microseconds
 STEP_US = {"p100": 20.0, "a100": 10.0, "v100": 10.0}
+
+# a set's own LSTM batch curve (seconds per step by batch, per phase; the reference batch), where it has one:
+# a cost file's measurement; the named sets take lstm_batch_efficiency.json's
+LSTM_CURVES: Dict[str, Tuple[Dict[str, list], int]] = {}
 
 HOST_MODELS = ("queued", "summed")
 
@@ -53,6 +59,14 @@ HOST_MODELS = ("queued", "summed")
 GNMT_A100_TOKENS_PER_S = 83.2e3  # NVIDIA GNMT v2 (PyTorch), one A100, TF32, batch 128: source + target tokens/s
 GNMT_V100_TOKENS_PER_S = 21.65e3  # the same, one V100, fp32: 21.4-21.9k (DeepLearningExamples, GNMT README)
 GNMT_V100_DDP_4 = (3.53, 3.67)  # its DDP speed-up on 4 V100, fp32, batch 128 per GPU
+
+
+def host_report(path: str) -> Dict:
+    """The host-cost report in ``path``: ``bench_host_cost.py --json``'s
+    output, or a cost file holding one (its ``host_cost``)."""
+    with open(path) as file:
+        report = json.load(file)
+    return report.get("host_cost", report)
 
 
 def host_fixed(path: Optional[str], k: int, lstm_kernel: bool = True) -> Dict[str, float]:
@@ -65,8 +79,7 @@ def host_fixed(path: Optional[str], k: int, lstm_kernel: bool = True) -> Dict[st
     op instead, as if the call only queued a kernel."""
     if not path:
         return {f"{kind}/{phase}": 30e-6 for kind in KINDS for phase in PHASES}
-    with open(path) as file:
-        report = json.load(file)
+    report = host_report(path)
     rows = [row for row in report["rows"] if row["chunk_length"] == 0]
     row = min(rows, key=lambda r: abs(r["k"] - k))
     outside = row["outside_cells_us_per_cell"]
@@ -93,8 +106,7 @@ def group_host(path: Optional[str], k: int, host_model: str) -> Tuple[Dict[str, 
         return host_fixed(path, k), False
     cpu_kernel = False  # the LSTM kernel call measured inside a CPU's cell: a GPU's host does not pay it
     if path:
-        with open(path) as file:
-            report = json.load(file)
+        report = host_report(path)
         cpu_kernel = "lstm_kernel_share_k1_whole" in report and report.get("device", "cpu") == "cpu"
     return host_fixed(path, 1, lstm_kernel=not cpu_kernel), True
 
@@ -192,7 +204,8 @@ def matmul_curve() -> Tuple[list, int]:
 
 def gpu_cost_model(rate: float, fixed: Dict[str, float], step_us: float, step_overhead: float,
                    link_bandwidth: float, link_latency: float, note: str = "",
-                   batch_efficiency: bool = True, host_queues: bool = False) -> CostModel:
+                   batch_efficiency: bool = True, host_queues: bool = False,
+                   lstm_curve: Optional[Tuple[Dict[str, list], int]] = None) -> CostModel:
     """Every cell kind at ``rate`` FLOP/s, ``fixed`` seconds per cell call
     by ``kind/phase``, ``step_us`` per LSTM time step forward (twice
     backward), ``step_overhead`` seconds per step outside the cells.
@@ -202,8 +215,10 @@ def gpu_cost_model(rate: float, fixed: Dict[str, float], step_us: float, step_ov
     fewer target positions than the fused loss's 256-row chunks likewise
     (:func:`matmul_curve`); without it, FLOPs cost the same at any batch
     (the bound).  ``host_queues``: the host queues each cell
-    ahead of the device, one host for all workers (:data:`HOST_MODELS`)."""
-    curve, reference = lstm_batch_curve() if batch_efficiency else ({}, 0)
+    ahead of the device, one host for all workers (:data:`HOST_MODELS`).
+    ``lstm_curve``: the LSTM curve measured on the GPU priced (a cost
+    file's) in place of the published one."""
+    curve, reference = (lstm_curve or lstm_batch_curve()) if batch_efficiency else ({}, 0)
     matmul, matmul_reference = matmul_curve() if batch_efficiency else ([], 0)
     return CostModel(rates={f"{kind}/{phase}": rate for kind in KINDS for phase in PHASES}, fixed=dict(fixed),
                      per_step={"lstm/forward": step_us * 1e-6, "lstm/backward": 2 * step_us * 1e-6},
@@ -217,7 +232,7 @@ def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float,
     """The named set (:data:`COST_SETS`) at ``rate`` with this host time and
     time-step latency."""
     return gpu_cost_model(rate, fixed, step_us, batch_efficiency=batch_efficiency, host_queues=host_queues,
-                          **COST_SETS[name])
+                          lstm_curve=LSTM_CURVES.get(name), **COST_SETS[name])
 
 
 def predicted_step(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, chunk_length: int = 0,

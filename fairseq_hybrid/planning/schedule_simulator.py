@@ -157,18 +157,22 @@ class CostModel:
         """An LSTM cell's throughput at ``rows`` sentences over that at the
         reference batch: time per step interpolated linearly between the
         measured batches, constant below the smallest (latency), and the
-        reference's throughput above it."""
+        largest batch's throughput above it.  Below the reference at most
+        1; above it as measured (a curve that ends at the reference, the
+        published one, prices every larger cell at the reference's
+        throughput)."""
         points = sorted(self.lstm_batch_seconds[phase])
         reference = self.lstm_reference_batch
-        if rows >= reference:
-            return 1.0
         if rows <= points[0][0]:
-            seconds = points[0][1]
+            throughput = rows / points[0][1]
+        elif rows >= points[-1][0]:
+            throughput = points[-1][0] / points[-1][1]
         else:
-            seconds = next(s0 + (s1 - s0) * (rows - b0) / (b1 - b0)
-                           for (b0, s0), (b1, s1) in zip(points, points[1:]) if b0 <= rows <= b1)
+            throughput = rows / next(s0 + (s1 - s0) * (rows - b0) / (b1 - b0)
+                                     for (b0, s0), (b1, s1) in zip(points, points[1:]) if b0 <= rows <= b1)
         at_reference = next(s for b, s in points if b == reference)
-        return min(1.0, (rows / seconds) / (reference / at_reference))
+        efficiency = throughput / (reference / at_reference)
+        return min(1.0, efficiency) if rows < reference else efficiency
 
     def matmul_efficiency(self, rows: float) -> float:
         """A matrix product's throughput at ``rows`` rows over that at the

@@ -1,0 +1,129 @@
+"""A cost file: what one GPU machine measured, as a cost set the simulator
+and the planner price with (``--cost-file``) in place of published figures.
+
+The named sets (``p100``, ``a100``, ``v100``) take an LSTM layer's time per
+step by batch from DeepBench's V100, the host time per cell from a CPU, and
+one GPU's tokens/s from GNMT v2's published tables.  A lent GPU measures
+all three for itself (``benchmarks/gpu_check.py --phases calibrate`` writes
+the file), so its file replaces them; what one GPU cannot measure (the link
+between GPUs, the step's time outside the cells, an LSTM time step's
+latency) comes from the named set the file gives as its ``base``.
+
+The file, JSON::
+
+    {"what": "...", "measured_on": "NVIDIA H200, torch ...", "base": "a100",
+     "one_device_tokens_per_s": 250000.0,      # hybrid_lstm_paper, 128 sentences of 50 + 50, 32k: source + target
+     "lstm": {"hidden": 1024, "reference_batch": 128,
+              "seconds_per_step": {"forward": [[16, 7.1e-05], ...], "backward": [[16, 9.0e-05], ...]}},
+     "host_cost": {...}}                        # benchmarks/bench_host_cost.py --json, as it wrote it
+
+Loading a file registers it as a set of its own (:func:`register`), so that
+every function that takes a set's name prices with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Dict, List
+
+from . import gpu_costs
+
+__all__ = ["CostFileError", "CostFile", "load", "register", "write"]
+
+PHASES = ("forward", "backward")
+
+
+class CostFileError(ValueError):
+    """A cost file that is missing or does not say what a cost set needs."""
+
+
+@dataclass
+class CostFile:
+    name: str  # the set's name once registered: "file:<the file's name>"
+    path: str
+    base: str
+    tokens_per_s: float
+    measured_on: str
+
+
+def _curve(lstm, path: str) -> Dict[str, List[List[float]]]:
+    try:
+        curve = {phase: sorted([int(batch), float(seconds)] for batch, seconds in lstm["seconds_per_step"][phase])
+                 for phase in PHASES}
+        reference = int(lstm["reference_batch"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise CostFileError(f"{path}: 'lstm' needs 'reference_batch' and 'seconds_per_step' with "
+                            f"[[batch, seconds], ...] for forward and backward ({error!r})") from error
+    for phase, points in curve.items():
+        if reference not in [batch for batch, _ in points]:
+            raise CostFileError(f"{path}: the LSTM {phase} curve has no point at the reference batch {reference}")
+        if any(seconds <= 0 for _, seconds in points):
+            raise CostFileError(f"{path}: the LSTM {phase} curve has a time of 0 or less")
+    return curve
+
+
+def load(path: str) -> Dict:
+    """The file's JSON, checked: a clear :class:`CostFileError` for a
+    missing file, bad JSON, an unknown base set, or a missing figure."""
+    if not os.path.isfile(path):
+        raise CostFileError(f"{path}: no such cost file")
+    try:
+        with open(path) as file:
+            data = json.load(file)
+    except (OSError, json.JSONDecodeError) as error:
+        raise CostFileError(f"{path}: not a JSON cost file ({error})") from error
+    if not isinstance(data, dict):
+        raise CostFileError(f"{path}: not a JSON cost file (an object expected)")
+    if data.get("base") not in gpu_costs.NAMED_SETS:
+        raise CostFileError(f"{path}: 'base' must name one of {', '.join(sorted(gpu_costs.NAMED_SETS))}")
+    tokens = data.get("one_device_tokens_per_s")
+    if not isinstance(tokens, (int, float)) or tokens <= 0:
+        raise CostFileError(f"{path}: 'one_device_tokens_per_s' must be a number above 0")
+    _curve(data.get("lstm", {}), path)
+    host = data.get("host_cost")
+    if not isinstance(host, dict) or not any(row.get("chunk_length") == 0 for row in host.get("rows", [])):
+        raise CostFileError(f"{path}: 'host_cost' must hold bench_host_cost.py's report with a row at chunk length 0")
+    return data
+
+
+def register(path: str) -> CostFile:
+    """Load ``path`` and add it to the cost sets under ``file:<name>``: its
+    base set's link, step overhead and time-step latency, its own LSTM
+    curve; its host time is read from the same file (``host_cost``), which
+    :func:`gpu_costs.host_fixed` takes in place of a host-cost report."""
+    data = load(path)
+    name = f"file:{os.path.basename(path)}"
+    base = data["base"]
+    gpu_costs.COST_SETS[name] = dict(gpu_costs.COST_SETS[base])
+    gpu_costs.STEP_US[name] = gpu_costs.STEP_US[base]
+    gpu_costs.LSTM_CURVES[name] = (_curve(data["lstm"], path), int(data["lstm"]["reference_batch"]))
+    return CostFile(name, path, base, float(data["one_device_tokens_per_s"]), str(data.get("measured_on", "")))
+
+
+def write(path: str, *, base: str, tokens_per_s: float, lstm_seconds: Dict, host_cost: Dict, measured_on: str,
+          reference_batch: int = 128, shape: str = "") -> Dict:
+    """Write a cost file from measurements: ``lstm_seconds`` as
+    ``gpu_check.lstm_seconds_per_step`` gives it (``{"hidden", "rows":
+    {batch: {"forward": s, "backward": s}}}``), ``host_cost`` as
+    ``bench_host_cost.py --json`` wrote it.  Checked by loading it back."""
+    rows = lstm_seconds["rows"]
+    data = {
+        "what": "a cost set measured on one GPU machine (fairseq_hybrid.planning.cost_file): an LSTM layer's time "
+                "per step by batch, the host time per cell, one device's tokens/s; the link, the step's time "
+                f"outside the cells and an LSTM time step's latency are the {base} set's",
+        "measured_on": measured_on,
+        "base": base,
+        "one_device_tokens_per_s": tokens_per_s,
+        "one_device_shape": shape or "hybrid_lstm_paper, 128 sentences of 50 + 50 tokens, 32k vocabulary",
+        "lstm": {"hidden": lstm_seconds.get("hidden"), "steps": lstm_seconds.get("steps"),
+                 "reference_batch": reference_batch,
+                 "seconds_per_step": {phase: [[int(batch), row[phase]] for batch, row in rows.items()]
+                                      for phase in PHASES}},
+        "host_cost": host_cost,
+    }
+    with open(path, "w") as file:
+        json.dump(data, file, indent=2)
+    load(path)
+    return data
