@@ -53,7 +53,7 @@ import platform
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Dict, List, Tuple
 
 import torch
@@ -143,15 +143,19 @@ LSTM_KERNELS = ("aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "at
                 "aten::_cudnn_rnn_backward")
 
 
-def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """aten ops per cell (forward and backward calls together), by kind, and
-    the share of an LSTM cell's time inside its LSTM kernel op, by phase, on
-    one device (a dispatch mode entered by every job)."""
+def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[str, float], Dict[str, float],
+                                                                         Dict[str, Dict[str, float]]]:
+    """aten ops per cell (forward and backward calls together), by kind, the
+    share of an LSTM cell's time inside its LSTM kernel op, by phase, and
+    the ops a cell of each kind calls most, by name (which kernels a
+    device's LSTM really runs: one cuDNN call, or a loop over time steps),
+    on one device (a dispatch mode entered by every job)."""
     from fairseq_hybrid.parallel import thread_state
     from fairseq_hybrid.parallel.worker import current_worker
 
     counts: Dict[str, List[int]] = defaultdict(list)
     current = {}
+    names: Dict[str, Counter] = defaultdict(Counter)
     kernel = defaultdict(float)  # (cell, phase) -> seconds inside LSTM kernel ops
 
     class PerCell(TorchDispatchMode):
@@ -160,6 +164,7 @@ def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[s
             if worker is None or worker.cell is None:
                 return func(*args, **(kwargs or {}))
             current[worker.cell] = current.get(worker.cell, 0) + 1
+            names[worker.cell][func.name()] += 1
             if func.name() not in LSTM_KERNELS:
                 return func(*args, **(kwargs or {}))
             start = time.perf_counter()
@@ -174,6 +179,7 @@ def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[s
         model, criterion, sample = setup(1, chunk_length, sentences, length)
         one_step(model, criterion, sample)
         current.clear()
+        names.clear()
         kernel.clear()
         with record_cell_times() as trace:
             one_step(model, criterion, sample)
@@ -188,7 +194,13 @@ def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[s
                  and entry.work.kind == "lstm"]
         share[f"lstm/{phase}"] = (sum(kernel[entry.name, phase] for entry in cells)
                                   / sum(entry.end - entry.start for entry in cells))
-    return {kind: statistics.mean(values) for kind, values in counts.items()}, share
+    top: Dict[str, Counter] = defaultdict(Counter)
+    for name, counter in names.items():
+        top[kinds.get(name, "other")].update(counter)
+    cells_of = {kind: len(values) for kind, values in counts.items()}
+    top_names = {kind: {op: count / cells_of[kind] for op, count in counter.most_common(8)}
+                 for kind, counter in top.items()}
+    return {kind: statistics.mean(values) for kind, values in counts.items()}, share, top_names
 
 
 def main(argv=None) -> int:
@@ -211,11 +223,11 @@ def main(argv=None) -> int:
             row = measure(k, chunk_length, args.steps, args.sentences, args.length, args.device)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    ops, kernel_share = ops_per_cell(0, args.sentences, args.length)
+    ops, kernel_share, top_ops = ops_per_cell(0, args.sentences, args.length)
     report = {"machine": platform.processor() or platform.machine(), "device": args.device,
               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__,
               "cores": os.cpu_count(), "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops,
-              "lstm_kernel_share_k1_whole": kernel_share, "rows": rows}
+              "lstm_kernel_share_k1_whole": kernel_share, "top_ops_per_cell_k1_whole": top_ops, "rows": rows}
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -72,6 +72,7 @@ BUDGET = 480
 CHUNK_SWEEP = ("0", "10", "2", "auto")
 MICRO_BATCH_SWEEP = (2, 4)  # a group of 4 at chunk length 0 with this many micro-batches
 LSTM_BATCHES = (16, 32, 64, 128, 256, 512)
+TRAIN_LIMIT = 40  # seconds for one fairseq-train run of the precision phase (its stacks are dumped past it)
 # phases that check the driver itself, never run unless named: "hang" starts a grandchild and hangs
 TEST_LIMITS = {"hang": 4}
 
@@ -191,6 +192,27 @@ def binarize(work):
     return out
 
 
+def run_logged(command, log_path, limit):
+    """Run ``command`` with its output in ``log_path`` (kept if the phase is
+    ended); past ``limit`` seconds every thread's stack is dumped into the
+    log (SIGABRT to Python's faulthandler) and it is killed.  The exit code
+    ("timed out" past the limit) and the log's text."""
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                 env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        try:
+            code = child.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGABRT)
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            code = "timed out"
+    return code, open(log_path, errors="replace").read()
+
+
 def phase_precision(args, result):
     import torch
 
@@ -198,6 +220,7 @@ def phase_precision(args, result):
     count = torch.cuda.device_count() if args.device == "cuda" else 0
     group = ",".join(devices_for(args.device, count, 2))
     runs = {}
+    result["runs"] = runs  # kept run by run
     for precision in ("fp32", "bf16", "amp", "fp16"):
         if args.device == "cpu" and precision != "fp32":
             runs[precision] = {"skipped": "needs CUDA (fairseq takes --bf16 without CUDA for a TPU run)"}
@@ -212,14 +235,14 @@ def phase_precision(args, result):
                        "--no-save-optimizer-state", "--seed", "3", "--no-progress-bar", "--log-format", "simple",
                        "--log-interval", "1", "--disable-validation", *(["--cpu"] if args.device == "cpu" else []),
                        *flags, *extra]
-            process = subprocess.run(command, capture_output=True, text=True)
-            log = process.stdout + process.stderr
+            code, log = run_logged(command, save + ".log", TRAIN_LIMIT)
             losses = [float(x) for x in re.findall(r"\| loss ([\d.]+|nan|inf)", log)]
-            entry = {"ok": process.returncode == 0, "losses": losses[-3:],
+            entry = {"ok": code == 0, "losses": losses[-3:],
                      "finite": bool(losses) and all(x == x and x != float("inf") for x in losses)}
-            if process.returncode != 0:
-                entry["error"] = log[-1500:]
+            if code != 0:
+                entry["error"] = log[-3000:]
             runs.setdefault(precision, {})[side] = entry
+            result.save()
         if precision == "fp32" and all(r.get("ok") for r in runs["fp32"].values()):
             one = torch.load(os.path.join(args.work, "precision_fp32_one", "checkpoint_last.pt"), map_location="cpu")
             two = torch.load(os.path.join(args.work, "precision_fp32_group", "checkpoint_last.pt"), map_location="cpu")

@@ -38,7 +38,7 @@ def test_batch_smaller_than_the_group(dictionaries):
     """A batch of 2 sentences on 4 devices: 2 shards, same result."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.0)
-    single, group, _ = single_and_group(dictionaries, {"hybrid_devices": "4", "hybrid_mode": "data"})
+    single, group, _ = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu,cpu,cpu", "hybrid_mode": "data"})
     sample = make_sample(src_dict, tgt_dict, [3, 6], [5, 2])
     torch.testing.assert_close(criterion(group, sample)[0], criterion(single, sample)[0], rtol=1e-5, atol=0)
 
@@ -51,7 +51,7 @@ def test_dropout_with_a_fixed_seed_gives_identical_runs(mode, dictionaries):
     runs = []
     for _ in range(2):
         torch.manual_seed(0)
-        model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, dropout=0.3, hybrid_devices="3",
+        model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, dropout=0.3, hybrid_devices="cpu,cpu,cpu",
                             hybrid_mode=mode, hybrid_chunk_length=2)
         torch.manual_seed(5)
         runs.append(loss_and_grads(model.train(), criterion, sample))
@@ -85,7 +85,7 @@ def test_micro_batches_are_chains_of_their_own(dictionaries):
     from fairseq_hybrid.parallel.step_cells import build_hybrid_step
 
     src_dict, tgt_dict = dictionaries
-    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "2", "hybrid_micro_batches": 3})
+    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_micro_batches": 3})
     net_input, target = sample["net_input"], sample["target"]
     rows = micro_batch_rows(net_input, target, 3, tgt_dict.pad())
     assert [r.start for r in rows] == [0, rows[0].stop, rows[1].stop] and rows[-1].stop == len(SRC_LENGTHS)
@@ -107,7 +107,7 @@ def test_micro_batches_are_staggered_into_the_wavefront(dictionaries):
     device 0 runs micro-batch 0's first cells before micro-batch 1's."""
     from fairseq_hybrid.parallel.step_cells import build_hybrid_step
 
-    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "2"})
+    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu"})
     built = build_hybrid_step(group, group.hybrid_group.plan, sample["net_input"], sample["target"],
                               lambda *a: (a[0].sum(),), 1, micro_batches=3)
     starts = sorted({cell.not_before for cell in built.step.cells})

@@ -17,7 +17,7 @@ def test_single_device_masks_make_dropout_runs_equal_one_device(mode, micro_batc
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True)
     single, group, sample = single_and_group(
-        dictionaries, {"hybrid_devices": "3", "hybrid_mode": mode, "hybrid_chunk_length": 3,
+        dictionaries, {"hybrid_devices": "cpu,cpu,cpu", "hybrid_mode": mode, "hybrid_chunk_length": 3,
                        "hybrid_dropout_masks": "single-device", "hybrid_micro_batches": micro_batches},
         dropout=0.3, encoder_bidirectional_layers=2)
     single.train()

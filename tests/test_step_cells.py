@@ -73,7 +73,7 @@ def test_ignore_prefix_size(dictionaries):
 def test_validation_without_gradients(mode, dictionaries):
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
-    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "3", "hybrid_mode": mode})
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu,cpu", "hybrid_mode": mode})
     single.eval()
     group.eval()
     with torch.no_grad():

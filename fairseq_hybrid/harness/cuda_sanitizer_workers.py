@@ -11,6 +11,17 @@ thread: the caller's, and one entered in every worker job through
 process-wide already (``torch.cuda._gpu_trace``).  Calls into the shared
 handler are serialised by one lock.
 
+CSAN counts every output of an op as written, by data pointer.  A cuDNN
+LSTM call makes two such reports that touch no memory
+(``aten/src/ATen/native/cudnn/RNN.cpp``): ``try_get_weight_buf`` makes a
+tensor over the weights' storage with ``set_`` (metadata only: no kernel),
+and ``_cudnn_rnn`` returns that weight buffer, which it only reads, as its
+fifth output.  Two workers running one LSTM module on one GPU (``data``
+mode on ``cuda:0,cuda:0``, where the replicas are the master) were reported
+as racing on the weights by these two; :func:`without_metadata_writes`
+takes them out before the shared handler sees them (the first GPU check
+showed it; a test feeds the handler such launches).
+
 CSAN forgets a tensor's accesses when the caching allocator frees it, so a
 missing ``record_stream`` is not seen here; the virtual streams
 (``fairseq_hybrid.harness.virtual_streams``) check that rule on CPU.  Needs a CUDA
@@ -33,6 +44,19 @@ _CALLBACKS = ("event_creation", "event_deletion", "event_record", "event_wait", 
               "event_synchronization")
 
 
+def without_metadata_writes(stream, read_only, read_write, outputs, operator, tensor_aliases):
+    """A kernel launch as CSAN's handler takes it, without the writes it
+    reports that touch no memory (module docstring); None: the op launches
+    no kernel at all."""
+    name = str(operator).split("(")[0]
+    if name == "aten::set_.source_Storage":
+        return None
+    if name == "aten::_cudnn_rnn":
+        weights = {ptr for ptr in read_write if {"weight", "weight_buf"} & set(tensor_aliases.get(ptr, ()))}
+        read_only, read_write = set(read_only) | weights, set(read_write) - weights
+    return stream, read_only, read_write, outputs, operator, tensor_aliases
+
+
 class SharedSanitizer:
     """One CSAN event handler, seen from every thread that enters it."""
 
@@ -46,6 +70,13 @@ class SharedSanitizer:
         for name in ["kernel_launch", *_CALLBACKS]:
             method = getattr(self.handler, f"_handle_{name}")
             setattr(self.handler, f"_handle_{name}", self._locked(method))
+        locked_launch = self.handler._handle_kernel_launch
+
+        def launch(*args):
+            launched = without_metadata_writes(*args)
+            return [] if launched is None else locked_launch(*launched)
+
+        self.handler._handle_kernel_launch = launch
         torch._C._activate_gpu_trace()
         for name in _CALLBACKS:
             getattr(gpu_trace, f"register_callback_for_{name}")(getattr(self.handler, f"_handle_{name}"))

@@ -3,6 +3,8 @@ they use, one step's loss and gradients, and the comparison of a group with
 one device (the group computes the single-device model's loss and
 gradients, up to rounding)."""
 
+import contextlib
+
 import torch
 
 from ..criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
@@ -27,25 +29,47 @@ def single_and_group(dictionaries, group_options, **options):
     return single, group, make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
 
 
+@contextlib.contextmanager
+def full_fp32():
+    """fp32 arithmetic in cuDNN and cuBLAS: PyTorch lets cuDNN (its LSTMs
+    included) use TF32 by default (``torch.backends.cudnn.allow_tf32``),
+    whose 10-bit mantissa rounds a group's chunked products otherwise than
+    one device's whole ones; the comparison is of fp32 against fp32."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def check_equal(devices, mode, dictionaries, group_options=None, batch_on_first_device=False, **overrides):
     """``overrides``: model options of both models; ``group_options``: of the
     group only; ``batch_on_first_device``: the group's batch on ``devices[0]``
-    (where fairseq puts it) instead of host memory."""
+    (where fairseq puts it) instead of host memory.  A group on GPUs is
+    compared with the single-device model on its first GPU (the same
+    kernels: cuDNN's LSTM, not a CPU's), both in full fp32."""
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True,
                                             output_loss_chunk_rows=5)
     single, group, sample = single_and_group(
         dictionaries, {"hybrid_devices": ",".join(devices), "hybrid_mode": mode, **(group_options or {})}, **overrides)
     assert group.hybrid_group is not None and group.hybrid_group.plan.size == len(devices)
-
-    loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
-    loss, logging, grads = loss_and_grads(group, criterion, on_device(sample, devices[0]) if batch_on_first_device
-                                          else sample)
+    on_gpu = torch.device(devices[0]).type == "cuda"
+    with full_fp32():
+        if on_gpu:
+            single.to(devices[0])
+        loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion,
+                                                          on_device(sample, devices[0]) if on_gpu else sample)
+        loss, logging, grads = loss_and_grads(group, criterion, on_device(sample, devices[0]) if batch_on_first_device
+                                              else sample)
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
     assert logging.keys() == logging_ref.keys()
     for key in logging:
         torch.testing.assert_close(torch.as_tensor(logging[key]).float().cpu(),
-                                   torch.as_tensor(logging_ref[key]).float(), rtol=1e-5, atol=0, msg=key)
+                                   torch.as_tensor(logging_ref[key]).float().cpu(), rtol=1e-5, atol=0,
+                                   msg=lambda text, key=key: f"{key}: {text}")
     assert grads.keys() == grads_ref.keys() and len(grads) == len(list(single.parameters()))
     for name in grads:
-        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7,
+                                   msg=lambda text, name=name: f"{name}: {text}")
