@@ -61,3 +61,26 @@ def test_the_filter_changes_only_those_two_ops():
     _, read_only, read_write, *_ = without_metadata_writes(1, set(), {WEIGHTS, OUTPUT}, {WEIGHTS, OUTPUT}, CUDNN_RNN,
                                                            {WEIGHTS: ["weight_buf"], OUTPUT: ["output"]})
     assert read_only == {WEIGHTS} and read_write == {OUTPUT}
+
+
+def test_tensors_without_memory_are_not_recorded():
+    """CSAN keys a tensor without elements by its Python id, which Python
+    reuses: such tensors are left out (they touch no memory); the handler
+    is CSAN's own again after the block."""
+    from torch.cuda._sanitizer import ArgumentHandler
+
+    from fairseq_hybrid.harness.cuda_sanitizer_workers import accesses_with_memory_only, has_memory
+
+    assert not has_memory(torch.empty(0)) and has_memory(torch.zeros(2)) and has_memory(3)
+    original = ArgumentHandler._handle_argument
+    seen = []
+    stand_in = ArgumentHandler._handle_argument = lambda self, value, *args, **kwargs: seen.append(value)
+    try:
+        with accesses_with_memory_only():
+            handler = ArgumentHandler()
+            empty, full = torch.empty(0), torch.ones(1)
+            handler._handle_argument(empty, is_write=True, metadata_only=False)
+            handler._handle_argument(full, is_write=True, metadata_only=False)
+        assert seen == [full] and ArgumentHandler._handle_argument is stand_in
+    finally:
+        ArgumentHandler._handle_argument = original

@@ -20,7 +20,12 @@ fifth output.  Two workers running one LSTM module on one GPU (``data``
 mode on ``cuda:0,cuda:0``, where the replicas are the master) were reported
 as racing on the weights by these two; :func:`without_metadata_writes`
 takes them out before the shared handler sees them (the first GPU check
-showed it; a test feeds the handler such launches).
+showed it; a test feeds the handler such launches).  And CSAN keys a tensor
+without elements, which has no memory (``data_ptr()`` 0), by its Python
+``id()``: once Python reuses an id, two such tensors of two workers were
+reported as racing (the second GPU check, hybrid mode with 3 micro-batches,
+where a shard can be empty).  A tensor without memory cannot race:
+:func:`has_memory` leaves it out of CSAN's record.
 
 CSAN forgets a tensor's accesses when the caching allocator frees it, so a
 missing ``record_stream`` is not seen here; the virtual streams
@@ -55,6 +60,31 @@ def without_metadata_writes(stream, read_only, read_write, outputs, operator, te
         weights = {ptr for ptr in read_write if {"weight", "weight_buf"} & set(tensor_aliases.get(ptr, ()))}
         read_only, read_write = set(read_only) | weights, set(read_write) - weights
     return stream, read_only, read_write, outputs, operator, tensor_aliases
+
+
+def has_memory(value) -> bool:
+    """Whether CSAN should record an access to ``value``: anything but a
+    tensor whose data pointer is null (no elements, no memory)."""
+    return not (isinstance(value, torch.Tensor) and value.data_ptr() == 0)
+
+
+@contextmanager
+def accesses_with_memory_only() -> Iterator[None]:
+    """CSAN's argument handler, for the block, records no tensor without
+    memory (:func:`has_memory`)."""
+    from torch.cuda._sanitizer import ArgumentHandler
+
+    original = ArgumentHandler._handle_argument
+
+    def handle(self, value, *args, **kwargs):
+        if has_memory(value):
+            original(self, value, *args, **kwargs)
+
+    ArgumentHandler._handle_argument = handle
+    try:
+        yield
+    finally:
+        ArgumentHandler._handle_argument = original
 
 
 class SharedSanitizer:
@@ -110,7 +140,7 @@ class SharedSanitizer:
         """The block, and every worker job it starts, under CSAN."""
         thread_state.register(self._capture)
         try:
-            with self._mode():
+            with accesses_with_memory_only(), self._mode():
                 yield self
         finally:
             thread_state.unregister(self._capture)
