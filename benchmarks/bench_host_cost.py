@@ -143,8 +143,8 @@ LSTM_KERNELS = ("aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "at
                 "aten::_cudnn_rnn_backward")
 
 
-def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[str, float], Dict[str, float],
-                                                                         Dict[str, Dict[str, float]]]:
+def ops_per_cell(chunk_length: int, sentences: int, length: int, device: str = "cpu") -> Tuple[
+        Dict[str, float], Dict[str, float], Dict[str, Dict[str, float]]]:
     """aten ops per cell (forward and backward calls together), by kind, the
     share of an LSTM cell's time inside its LSTM kernel op, by phase, and
     the ops a cell of each kind calls most, by name (which kernels a
@@ -176,7 +176,7 @@ def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[Dict[s
     hook = lambda: PerCell  # noqa: E731  (entered in every job)
     thread_state.register(hook)
     try:
-        model, criterion, sample = setup(1, chunk_length, sentences, length)
+        model, criterion, sample = setup(1, chunk_length, sentences, length, device)
         one_step(model, criterion, sample)
         current.clear()
         names.clear()
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
             row = measure(k, chunk_length, args.steps, args.sentences, args.length, args.device)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    ops, kernel_share, top_ops = ops_per_cell(0, args.sentences, args.length)
+    ops, kernel_share, top_ops = ops_per_cell(0, args.sentences, args.length, args.device)
     report = {"machine": platform.processor() or platform.machine(), "device": args.device,
               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__,
               "cores": os.cpu_count(), "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops,
