@@ -282,7 +282,9 @@ def draw_map(table: Dict, path: str) -> None:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks([16, 32, 64, 128], ["16", "32", "64", "128"])
-        ax.set_title(f"{name} set (predicted)")
+        measured_on = table.get("measured_on", "").split(",")[0]
+        ax.set_title(f"{measured_on}'s measured costs (predicted)" if name == "measured" and measured_on
+                     else f"{name} set (predicted)")
         ax.set_xlabel("sentences per GPU under DDP")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("DDP's step / the candidate's (same global batch)")
