@@ -72,7 +72,7 @@ from fairseq_hybrid.planning import cost_file
 from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
                                                        owned_bytes, speedup)
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
-                                               HOST_MODELS, STEP_US, best_chunk_length, predicted_step, set_costs,
+                                               HOST_MODELS, MLPERF_GNMT_V100, STEP_US, best_chunk_length, predicted_step, set_costs,
                                                set_rate)
 from fairseq_hybrid.planning.race import best_group, chosen, race, searched, set_costs_of
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
@@ -168,7 +168,8 @@ def race_table(args, host_model: str) -> Dict:
     return report
 
 
-GLOBAL_SETS = {"p100": None, "a100": None, "v100": GNMT_V100_TOKENS_PER_S}  # None: --one-device-tokens-per-s
+GLOBAL_SETS = {"p100": None, "a100": None, "v100": GNMT_V100_TOKENS_PER_S,  # None: --one-device-tokens-per-s
+               "v100-pcie": GNMT_V100_TOKENS_PER_S}
 
 
 def global_batch_table(args) -> Dict:
@@ -361,6 +362,54 @@ def gnmt_calibration(args, per_gpu_batches=None) -> Dict:
     return report
 
 
+def mlperf_calibration(args) -> Dict:
+    """The simulator's DDP at small per-GPU batch against MLPerf v0.6's GNMT
+    (NVIDIA, V100, mixed precision): per-GPU tokens/s at 256 sentences per
+    GPU on 8 GPUs and at 32 on 384.  A model of GNMT's shape (as
+    :func:`gnmt_calibration`), sentences of 50 + 50 tokens, the v100 set's
+    costs with its FLOP rate solved two ways: for GNMT v2's one-V100 fp32
+    figure (the set as the tables use it), and for MLPerf's own 256-per-GPU
+    figure on one device (fp16's faster arithmetic, the host time per cell
+    unchanged); the figure to check is the ratio of 32 to 256 per GPU."""
+    model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary, encoder_embed_dim=1024, decoder_embed_dim=1024)
+    host_model = args.host_models[0]
+    step_us = STEP_US["v100"]
+    model_bytes = gradient_bytes(model)
+    rows = {}
+    for solved_for, sentences, tokens_per_s in (("GNMT v2, one V100, fp32", PER_GPU[0], GNMT_V100_TOKENS_PER_S),
+                                               ("MLPerf at 256 per GPU", 256, MLPERF_GNMT_V100[256][1])):
+        reference = batch(sentences, [PER_GPU[1]] * sentences, PER_GPU[2])
+        rate = set_rate("v100", model, cfg, reference, args.host_cost, step_us, host_model, tokens_per_s)
+        _, one_cost = set_costs("v100", args.host_cost, 1, step_us, rate, host_model)
+        per_gpu = {}
+        for per, (gpus, _) in MLPERF_GNMT_V100.items():
+            one = predicted_step(model, cfg, 1, "hybrid", one_cost, *batch(per, [PER_GPU[1]] * per, PER_GPU[2]))
+            step = data_parallel_step(one, model_bytes, gpus, one_cost)
+            per_gpu[per] = per * (PER_GPU[1] + PER_GPU[2]) / step.total
+        rows[solved_for] = {"flop_rate": rate, "tokens_per_s_per_gpu": per_gpu, "ratio_32_to_256": per_gpu[32] / per_gpu[256]}
+        print(f"MLPerf calibration, rate solved for {solved_for}: {per_gpu[256]:,.0f} tokens/s per GPU at 256, "
+              f"{per_gpu[32]:,.0f} at 32 ({per_gpu[32] / per_gpu[256]:.2f}; MLPerf "
+              f"{MLPERF_GNMT_V100[32][1] / MLPERF_GNMT_V100[256][1]:.2f})", flush=True)
+    return {"mlperf": {str(per): {"gpus": gpus, "tokens_per_s_per_gpu": rate}
+                       for per, (gpus, rate) in MLPERF_GNMT_V100.items()},
+            "mlperf_ratio": MLPERF_GNMT_V100[32][1] / MLPERF_GNMT_V100[256][1], "host_model": host_model,
+            "rows": rows}
+
+
+def mlperf_markdown(calibration: Dict) -> List[str]:
+    measured = calibration["mlperf"]
+    lines = ["", "DDP at small per-GPU batch, the simulator against MLPerf v0.6's GNMT (NVIDIA, V100, mixed "
+             "precision; source + target tokens/s per GPU, all-reduce included):", "",
+             "| v100 set's FLOP rate solved for | 256 per GPU, 8 GPUs | 32 per GPU, 384 GPUs | 32 over 256 |",
+             "| --- | ---: | ---: | ---: |",
+             f"| MLPerf v0.6, measured | {measured['256']['tokens_per_s_per_gpu']:,.0f} | "
+             f"{measured['32']['tokens_per_s_per_gpu']:,.0f} | {calibration['mlperf_ratio']:.2f} |"]
+    for name, row in calibration["rows"].items():
+        rates = row["tokens_per_s_per_gpu"]
+        lines.append(f"| predicted, {name} | {rates[256]:,.0f} | {rates[32]:,.0f} | {row['ratio_32_to_256']:.2f} |")
+    return lines
+
+
 def straggler_table(args, placements: Dict[str, Dict[int, str]], per_gpu_batches) -> Dict:
     """DDP and the group on real batches, in tokens/s over one device's on
     the per-GPU batches: DDP's step takes K of them and waits for its
@@ -540,6 +589,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scale-per-gpu", type=integers, default=[16, 32, 64, 128],
                         help="sentences per GPU under DDP at scale (default 16,32,64,128)")
     parser.add_argument("--out")
+    parser.add_argument("--no-mlperf", dest="mlperf", action="store_false",
+                        help="with --only-global: leave out the calibration against MLPerf v0.6's GNMT")
     parser.add_argument("--only-global", action="store_true",
                         help="only the race at a fixed global batch and its map (fair_race_global.json and .md, "
                         "fair_race_map.png)")
@@ -553,8 +604,13 @@ def main(argv=None) -> int:
         parser.error(f"--data {args.data}: {measuring.NO_DATA}")
     started = time.time()
     if args.only_global:
-        report = {"global_batch": global_batch_table(args), "minutes": (time.time() - started) / 60}
-        text = "\n".join(global_batch_markdown(report["global_batch"])).strip() + "\n"
+        report = {"global_batch": global_batch_table(args)}
+        lines = global_batch_markdown(report["global_batch"])
+        if args.mlperf:
+            report["mlperf_calibration"] = mlperf_calibration(args)
+            lines += mlperf_markdown(report["mlperf_calibration"])
+        report["minutes"] = (time.time() - started) / 60
+        text = "\n".join(lines).strip() + "\n"
         print(text)
         if args.out:
             write_report(report, os.path.join(args.out, "fair_race_global.json"), text)

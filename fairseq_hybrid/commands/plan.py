@@ -46,7 +46,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
-COST_SETS = ("p100", "a100", "v100")
+COST_SETS = ("p100", "a100", "v100", "v100-pcie")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_DATA = "-"  # the data folder in a command planned without data
 # the options the printed command sets itself: the batch, the GPUs, the group's choices
@@ -228,7 +228,7 @@ def costs_for(own, workload: Workload):
     from ..planning.race import set_costs_of, uniform_batch
 
     tokens_per_s = own.one_device_tokens_per_s or own.file_tokens_per_s or {
-        "v100": GNMT_V100_TOKENS_PER_S}.get(own.cost_set, GNMT_A100_TOKENS_PER_S)
+        "v100": GNMT_V100_TOKENS_PER_S, "v100-pcie": GNMT_V100_TOKENS_PER_S}.get(own.cost_set, GNMT_A100_TOKENS_PER_S)
     reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
     try:
         return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, "queued",

@@ -8,7 +8,8 @@ fixed time per step outside the cells and a link between devices.  The
 named sets are the assumptions the documentation's tables state: ``p100``
 (PCIe 3 x16, 5 ms a step outside the cells), ``a100`` (NVLink 3, 3 ms) and
 ``v100`` (a DGX-1's NVLink 2, 5 ms: GNMT v2's published setting, for the
-calibration of DDP's prediction).
+calibration of DDP's prediction) and ``v100-pcie`` (that GPU on the p100
+set's PCIe link, no NVLink).
 
 The host time comes in two readings (:data:`HOST_MODELS`): ``queued``, a
 GPU's host queueing each cell's kernels ahead of the device, one host for
@@ -31,7 +32,7 @@ from .schedule_simulator import CostModel, StepTime, flops, step_time
 
 __all__ = ["KINDS", "PHASES", "COST_SETS", "NAMED_SETS", "LSTM_CURVES", "host_report", "STEP_US", "HOST_MODELS",
            "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
-           "GNMT_V100_DDP_4", "P100_RATE", "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate",
+           "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE", "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate",
            "set_costs", "total_flops", "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step",
            "best_chunk_length"]
 
@@ -43,11 +44,14 @@ COST_SETS = {
     # a DGX-1 (V100 SXM2, NVLink 2 hybrid cube mesh): about 100 GB/s for NCCL's ring over four GPUs; Adam
     # over about 160M fp32 parameters at 900 GB/s in about 5 ms
     "v100": {"step_overhead": 5e-3, "link_bandwidth": 100e9, "link_latency": 10e-6},
+    # a fast GPU on PCIe without NVLink (a V100 PCIe server, a 4-GPU workstation): the v100 set's GPU with
+    # the p100 set's PCIe 3 x16 link, 12 GB/s of its 15.75 GB/s a direction
+    "v100-pcie": {"step_overhead": 5e-3, "link_bandwidth": 12e9, "link_latency": 10e-6},
 }
 NAMED_SETS = tuple(COST_SETS)  # the published ones; a cost file adds "file:<name>" (planning/cost_file.py)
 
 # the latency of one LSTM time step forward (twice backward) each set assumes, in microseconds
-STEP_US = {"p100": 20.0, "a100": 10.0, "v100": 10.0}
+STEP_US = {"p100": 20.0, "a100": 10.0, "v100": 10.0, "v100-pcie": 10.0}
 
 # a set's own LSTM batch curve (seconds per step by batch, per phase; the reference batch), where it has one:
 # a cost file's measurement; the named sets take lstm_batch_efficiency.json's
@@ -59,6 +63,9 @@ HOST_MODELS = ("queued", "summed")
 GNMT_A100_TOKENS_PER_S = 83.2e3  # NVIDIA GNMT v2 (PyTorch), one A100, TF32, batch 128: source + target tokens/s
 GNMT_V100_TOKENS_PER_S = 21.65e3  # the same, one V100, fp32: 21.4-21.9k (DeepLearningExamples, GNMT README)
 GNMT_V100_DDP_4 = (3.53, 3.67)  # its DDP speed-up on 4 V100, fp32, batch 128 per GPU
+# MLPerf Training v0.6, GNMT, NVIDIA's submissions on V100 (mixed precision), source + target tokens/s per
+# GPU: 256 sentences per GPU on one DGX-1 (8 GPUs), 32 per GPU on 48 DGX-1 (384 GPUs)
+MLPERF_GNMT_V100 = {256: (8, 90.3e3), 32: (384, 38.9e3)}
 
 
 def host_report(path: str) -> Dict:
