@@ -72,8 +72,8 @@ from fairseq_hybrid.planning import cost_file
 from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
                                                        owned_bytes, speedup)
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
-                                               HOST_MODELS, MLPERF_GNMT_V100, STEP_US, best_chunk_length, predicted_step, set_costs,
-                                               set_rate)
+                                               HOST_MODELS, MLPERF_GNMT_V100, STEP_US, best_chunk_length,
+                                               predicted_step, set_costs, set_rate)
 from fairseq_hybrid.planning.race import best_group, chosen, race, searched, set_costs_of
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
@@ -386,7 +386,8 @@ def mlperf_calibration(args) -> Dict:
             one = predicted_step(model, cfg, 1, "hybrid", one_cost, *batch(per, [PER_GPU[1]] * per, PER_GPU[2]))
             step = data_parallel_step(one, model_bytes, gpus, one_cost)
             per_gpu[per] = per * (PER_GPU[1] + PER_GPU[2]) / step.total
-        rows[solved_for] = {"flop_rate": rate, "tokens_per_s_per_gpu": per_gpu, "ratio_32_to_256": per_gpu[32] / per_gpu[256]}
+        rows[solved_for] = {"flop_rate": rate, "tokens_per_s_per_gpu": per_gpu,
+                            "ratio_32_to_256": per_gpu[32] / per_gpu[256]}
         print(f"MLPerf calibration, rate solved for {solved_for}: {per_gpu[256]:,.0f} tokens/s per GPU at 256, "
               f"{per_gpu[32]:,.0f} at 32 ({per_gpu[32] / per_gpu[256]:.2f}; MLPerf "
               f"{MLPERF_GNMT_V100[32][1] / MLPERF_GNMT_V100[256][1]:.2f})", flush=True)

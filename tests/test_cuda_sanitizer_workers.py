@@ -19,7 +19,8 @@ ADD_ = torch.ops.aten.add_.Tensor._schema
 def lstm_call(handler, stream):
     """What one nn.LSTM call on CUDA launches: try_get_weight_buf's set_
     over the weights' storage, then _cudnn_rnn returning that buffer."""
-    errors = list(handler._handle_kernel_launch(stream, set(), {WEIGHTS}, {WEIGHTS}, SET_, {WEIGHTS: ["self", "output"]}))
+    errors = list(handler._handle_kernel_launch(stream, set(), {WEIGHTS}, {WEIGHTS}, SET_,
+                                                {WEIGHTS: ["self", "output"]}))
     errors += handler._handle_kernel_launch(stream, set(), {WEIGHTS, OUTPUT + stream}, {WEIGHTS, OUTPUT + stream},
                                             CUDNN_RNN, {WEIGHTS: ["weight", "weight_buf", "output"],
                                                         OUTPUT + stream: ["output"]})

@@ -15,8 +15,8 @@ marks the fastest and prints the command line that runs it::
   fairseq-hybrid-plan --gpus 8 -- fairseq-train - --arch hybrid_lstm_paper --batch-size 128
 
 The prices are the race's (:func:`fairseq_hybrid.planning.race.race`, what
-``benchmarks/fair_race.py`` tabulates): one code path.  Nothing here has
-run on a GPU; every figure is a prediction under the cost set named
+``benchmarks/fair_race.py`` tabulates): one code path.  No two GPUs have
+run this code; every figure is a prediction under the cost set named
 (``--cost-set``; the FLOP rate solved for a published one-GPU tokens/s, or
 ``--one-device-tokens-per-s`` measured on yours), or under a cost file
 that a GPU measured (``--cost-file``, written by ``benchmarks/gpu_check.py
@@ -303,8 +303,9 @@ def command_for(row: Dict, train: List[str], args, sentences: int) -> str:
 
 def report(result: Dict, train: List[str], args) -> str:
     where = (f"the cost file {result['cost_file']} ({result['measured_on']})" if result.get("cost_file") else
-             f"{result['cost_set']} cost set (nothing here has run on a GPU)")
-    lines = [f"Predicted on {result['gpus']} GPU(s), {where}, a global batch of {result['sentences']} sentences a step:", "",
+             f"{result['cost_set']} cost set (no two GPUs have run this code)")
+    lines = [f"Predicted on {result['gpus']} GPU(s), {where}, a global batch of {result['sentences']} sentences "
+             "a step:", "",
              f"{'candidate':<28} {'per GPU/group':>13} {'tokens/s':>10} {'vs one GPU':>10} {'vs DDP':>7}"]
     for row in result["rows"]:
         mark = "  <- fastest" if row["name"] == result["fastest"] else ""

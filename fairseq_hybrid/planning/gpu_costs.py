@@ -31,10 +31,9 @@ from .chunk_choice import candidate_lengths
 from .schedule_simulator import CostModel, StepTime, flops, step_time
 
 __all__ = ["KINDS", "PHASES", "COST_SETS", "NAMED_SETS", "LSTM_CURVES", "host_report", "STEP_US", "HOST_MODELS",
-           "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S",
-           "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE", "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate",
-           "set_costs", "total_flops", "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step",
-           "best_chunk_length"]
+           "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S", "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE",
+           "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate", "set_costs", "total_flops",
+           "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
 
 KINDS = ("lstm", "attention_softmax", "embedding", "gather")
 PHASES = ("forward", "backward")
