@@ -73,7 +73,7 @@ from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data
                                                        owned_bytes, speedup)
 from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
                                                HOST_MODELS, MLPERF_GNMT_V100, STEP_US, best_chunk_length,
-                                               predicted_step, set_costs, set_rate)
+                                               flat_past_reference, predicted_step, set_costs, set_rate)
 from fairseq_hybrid.planning.race import best_group, chosen, race, searched, set_costs_of
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
@@ -187,11 +187,15 @@ def global_batch_table(args) -> Dict:
     host_model = args.host_models[0]
     report: Dict = {"host_model": host_model, "sentence": list(PER_GPU[1:]), "sets": {}}
     measured = {} if not getattr(args, "cost_file", None) else {"measured": cost_file.register(args.cost_file)}
-    for name in [*args.global_sets, *measured]:
+    flat = {flat_past_reference(name): name for name in getattr(args, "flat_sets", [])}
+    for name in [*args.global_sets, *flat, *measured]:
         if name in measured:  # a cost file: its own tokens/s and host time per cell
             costs = set_costs_of(measured[name].name, model, cfg, reference, measured[name].path, host_model,
                                  measured[name].tokens_per_s)
             report.setdefault("measured_on", measured[name].measured_on)
+        elif name in flat:  # the sensitivity case: the set's LSTM cells above 128 rows at 128's throughput
+            costs = set_costs_of(name, model, cfg, reference, args.host_cost, host_model,
+                                 GLOBAL_SETS[flat[name]] or args.one_device_tokens_per_s)
         else:
             costs = set_costs_of(name, model, cfg, reference, args.host_cost, host_model,
                                  GLOBAL_SETS[name] or args.one_device_tokens_per_s)
@@ -266,7 +270,7 @@ def draw_map(table: Dict, path: str) -> None:
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    sets = list(table["sets"])
+    sets = [name for name in table["sets"] if "flat past" not in name]  # sensitivity cases: tables only
     figure, axes = pyplot.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.8), sharey=True, squeeze=False)
     for ax, name in zip(axes[0], sets):
         lines: Dict[Tuple[int, int], List[Tuple[int, float]]] = {}
@@ -582,6 +586,9 @@ def main(argv=None) -> int:
                         help="cost sets of the race at a fixed global batch (default p100,a100,v100; none: leave out)")
     parser.add_argument("--cost-file", help="also race under a cost set one GPU measured (benchmarks/gpu_check.py "
                         "--phases calibrate writes it), named 'measured' in the tables and the map")
+    parser.add_argument("--flat-sets", type=names_of(GLOBAL_SETS), default=["a100"],
+                        help="also race these sets with their LSTM curve flat past 128 sentences, as before it was "
+                        "continued (default a100; none: leave out)")
     parser.add_argument("--global-gpus", type=integers, default=[2, 4, 8], help="its GPU counts (default 2,4,8)")
     parser.add_argument("--global-batches", type=integers, default=[64, 128, 256, 512, 1024],
                         help="its global batches in sentences (default 64,128,256,512,1024)")

@@ -50,8 +50,8 @@ def test_a_file_of_the_published_figures_predicts_what_the_published_set_does(tm
 
 def test_a_measured_curve_prices_cells_above_the_reference_batch(tmp_path):
     """A curve measured past 128 sentences (twice the throughput at 512) makes
-    a 512-row LSTM cell twice as efficient; the published curve, which ends
-    at 128, keeps it at 1; below 128 both are as measured."""
+    a 512-row LSTM cell twice as efficient; below 128 the file's curve and
+    the published one agree (the file holds the published points)."""
     rows = published_rows()
     rows["rows"]["512"] = {phase: 2 * rows["rows"]["128"][phase] for phase in ("forward", "backward")}
     path = tmp_path / "past_128.json"
@@ -63,7 +63,6 @@ def test_a_measured_curve_prices_cells_above_the_reference_batch(tmp_path):
     assert file_cost.batch_efficiency(512, "forward") == pytest.approx(2.0)
     assert file_cost.batch_efficiency(1024, "backward") == pytest.approx(2.0)  # the largest measured, beyond it
     assert file_cost.batch_efficiency(256, "forward") == pytest.approx((256 / (1 + 1 / 3)) / 128)  # time linear
-    assert published.batch_efficiency(512, "forward") == 1.0
     assert file_cost.batch_efficiency(32, "forward") == published.batch_efficiency(32, "forward") < 1
     assert file_cost.link_bandwidth == published.link_bandwidth  # what one GPU cannot measure: the base set's
 
@@ -107,7 +106,8 @@ def test_the_race_of_fair_race_prices_with_a_cost_file(tmp_path):
     path = tmp_path / "a100_again.json"
     write_file(path)
     subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--only-global",
-                    "--host-cost", plan.HOST_COST, "--global-sets", "a100", "--cost-file", str(path),
+                    "--host-cost", plan.HOST_COST, "--global-sets", "a100", "--flat-sets", "none",
+                    "--cost-file", str(path),
                     "--global-gpus", "4", "--global-batches", "128", "--scale-gpus", "8", "--scale-per-gpu", "32",
                     "--micro-batches", "1", "--out", str(tmp_path)], check=True, capture_output=True, timeout=600)
     table = json.loads((tmp_path / "fair_race_global.json").read_text())["global_batch"]

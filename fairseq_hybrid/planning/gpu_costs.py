@@ -33,7 +33,7 @@ from .schedule_simulator import CostModel, StepTime, flops, step_time
 __all__ = ["KINDS", "PHASES", "COST_SETS", "NAMED_SETS", "LSTM_CURVES", "host_report", "STEP_US", "HOST_MODELS",
            "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S", "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE",
            "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate", "set_costs", "total_flops",
-           "lstm_batch_curve", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
+           "lstm_batch_curve", "flat_past_reference", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
 
 KINDS = ("lstm", "attention_softmax", "embedding", "gather")
 PHASES = ("forward", "backward")
@@ -140,6 +140,8 @@ def solved_rate(model, cfg, sample, fixed, step_us, tokens_per_s: float = GNMT_A
     low = work / target_seconds  # the device's work alone takes the whole step: too slow
     if not host_queues:
         return work / (target_seconds - other)
+    while step(low) <= target_seconds:  # cells above the reference batch run faster than the rate: lower still
+        low /= 2
     high = 2 * low
     while step(high) > target_seconds:
         low, high = high, 2 * high
@@ -195,6 +197,18 @@ def lstm_batch_curve() -> Tuple[Dict[str, list], int]:
     with open(LSTM_BATCH_FILE) as file:
         data = json.load(file)
     return data["seconds_per_step"], int(data["reference_batch"])
+
+
+def flat_past_reference(name: str) -> str:
+    """Register the named set with its LSTM curve cut at the reference batch
+    (every larger cell at the reference's throughput: the curve before it
+    was continued past 128, kept as a sensitivity case); its name."""
+    curve, reference = LSTM_CURVES.get(name) or lstm_batch_curve()
+    variant = f"{name}, flat past {reference}"
+    COST_SETS[variant], STEP_US[variant] = dict(COST_SETS[name]), STEP_US[name]
+    LSTM_CURVES[variant] = ({phase: [point for point in points if point[0] <= reference]
+                             for phase, points in curve.items()}, reference)
+    return variant
 
 
 MATMUL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "matmul_efficiency.json")
