@@ -39,12 +39,8 @@ import os
 import sys
 from typing import Dict, Optional, Sequence
 
-REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(REPO, "recipes", "tatoeba_ja_en"))
-
-from plot_curves import fields, read_curve  # noqa: E402
-
-from fairseq_hybrid.commands import plan  # noqa: E402
+from fairseq_hybrid.commands import plan
+from fairseq_hybrid.training_log import fields, read_curve
 
 MAIN_JOB = ["--arch", "hybrid_lstm_base", "--max-tokens", "2000", "--source-lang", "ja", "--target-lang", "en"]
 
