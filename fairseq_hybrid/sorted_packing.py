@@ -16,7 +16,7 @@ of torch's functions, bit for bit.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -44,6 +44,18 @@ def sorted_layout(lengths: Tensor, width: int) -> Tuple[Tensor, Tensor]:
     if not values or values[-1] < 1 or values[0] > width or any(a < b for a, b in zip(values, values[1:])):
         raise ValueError(f"lengths must be non-increasing, in 1..{width}: {values}")
     return _layout(values, width)
+
+
+class PackedLayout(NamedTuple):
+    """A packed layout made ahead of the call that uses it (the hybrid
+    engine makes one per time chunk, and per device, when a step starts):
+    ``positions`` of :func:`sorted_layout` on the reading cell's device,
+    the host ``batch_sizes`` and how many rows are ``running`` (the first
+    batch size), so that a cell neither recomputes nor validates them."""
+
+    positions: Tensor
+    batch_sizes: Tensor
+    running: int
 
 
 def pack_sorted(inputs: Tensor, lengths: Tensor, positions: Optional[Tensor] = None) -> Tuple[PackedSequence, Tensor]:

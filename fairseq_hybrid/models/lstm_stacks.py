@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..parallel.seeded_dropout import SeededDropout
-from ..sorted_packing import chunk_lengths, pack_sorted, unpack_sorted
+from ..sorted_packing import PackedLayout, chunk_lengths, sorted_layout, unpack_sorted
 
 LSTM_PARAMETERS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
 
@@ -44,6 +44,25 @@ def module_device(module: nn.Module) -> torch.device:
     """The device a layer lives on (the hybrid engine may place each layer
     on a device of its own; inputs follow the layer)."""
     return next(module.parameters()).device
+
+
+def lstm_packed(module: nn.LSTM, data: Tensor, batch_sizes: Tensor, state: Tuple[Tensor, Tensor]
+                ) -> Tuple[Tensor, Tensor, Tensor]:
+    """A one-layer unidirectional ``module`` over packed ``data`` from
+    ``state`` (``h``, ``c``, each 1 x running x H): what ``module(
+    PackedSequence(data, batch_sizes), state)`` returns (``data``, ``h``,
+    ``c``), the same kernel call without ``nn.LSTM.forward``'s Python
+    (argument checks, the weights' change check), a fifth of a hybrid
+    engine's LSTM cell on the host.  ``module._flat_weights`` are its
+    Parameter objects, whose data replicas replace in place."""
+    return torch._VF.lstm(data, batch_sizes, state, module._flat_weights, module.bias, 1, 0.0, module.training,
+                          False)
+
+
+def lstm_padded(module: nn.LSTM, inputs: Tensor, state: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """The same for a batch-first ``inputs`` B x T x C without padding:
+    ``module(inputs, state)`` as (outputs, ``h``, ``c``)."""
+    return torch._VF.lstm(inputs, state, module._flat_weights, module.bias, 1, 0.0, module.training, False, True)
 
 
 def reversed_positions(lengths: Tensor, width: int) -> Tensor:
@@ -151,32 +170,41 @@ class LSTMEncoderStack(LayerFinishing, nn.Module):
 
     def run_chunk(
         self, index: int, inputs: Tensor, sorted_lengths: Tensor, start: int, state: Optional[Tuple[Tensor, Tensor]],
-        positions: Optional[Tensor] = None,
+        layout: Optional[PackedLayout] = None,
     ) -> Tuple[Tensor, Tensor, Tensor]:
         """A unidirectional layer over the time chunk ``inputs`` B x W x C
         that starts at position ``start``, from ``state`` (``h``, ``c``,
         B x H; zeros when None).  Rows are sorted by length, longest first,
         so the sentences still running are a prefix of the batch; the others
         keep their state and get zero outputs.  Chaining the chunks of a
-        layer gives exactly ``run_layer``.  ``positions``: the packed layout
-        of the running rows (:func:`.chunk_lengths`, :func:`.sorted_layout`)
-        on ``inputs``' device, where the caller has it."""
+        layer gives exactly ``run_layer``.  ``layout``: the packed layout
+        of the running rows (:func:`.chunk_lengths`,
+        :class:`.PackedLayout`) on ``inputs``' device, where the caller has
+        it (then ``sorted_lengths`` is not read)."""
         layer = self.layers[index]
         batch, width, _ = inputs.shape
         hidden = layer.hidden_size
         if state is None:
             zeros = inputs.new_zeros(batch, hidden)
             state = (zeros, zeros)
-        lengths = chunk_lengths(sorted_lengths, start, width)
-        running = len(lengths)
-        if running == 0:
+        if layout is None:
+            lengths = chunk_lengths(sorted_lengths, start, width)
+            if len(lengths):
+                positions, batch_sizes = sorted_layout(lengths, width)
+                layout = PackedLayout(positions.to(inputs.device), batch_sizes, len(lengths))
+        if layout is None:  # every row has ended before this chunk
             outputs = inputs.new_zeros(batch, width, hidden)
             h, c = state
         else:
-            packed, positions = pack_sorted(inputs, lengths, positions)
-            packed_out, (h, c) = layer(packed, (state[0][:running].unsqueeze(0), state[1][:running].unsqueeze(0)))
+            running = layout.running
+            data = inputs.reshape(batch * width, inputs.size(2)).index_select(0, layout.positions)
+            if running < batch:
+                state_in = (state[0][:running].unsqueeze(0), state[1][:running].unsqueeze(0))
+            else:
+                state_in = (state[0].unsqueeze(0), state[1].unsqueeze(0))
+            data, h, c = lstm_packed(layer, data, layout.batch_sizes, state_in)
             # the rows that have ended before this chunk come out as zeros
-            outputs = unpack_sorted(packed_out.data, positions, batch, width)
+            outputs = unpack_sorted(data, layout.positions, batch, width)
             h, c = h.squeeze(0), c.squeeze(0)
             if running < batch:
                 h = torch.cat([h, state[0][running:]])
@@ -205,7 +233,7 @@ class LSTMEncoderStack(LayerFinishing, nn.Module):
 
     def run_direction(self, module: nn.LSTM, reverse: bool, inputs: Tensor, sorted_lengths: Tensor,
                       positions: Optional[Tensor] = None,
-                      packed_positions: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+                      layout: Optional[PackedLayout] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """One direction (``module``, from :meth:`direction` or a replica of
         it) of a bidirectional layer over the whole ``inputs`` B x S x C
         (rows sorted by length, longest first): outputs B x S x H and final
@@ -213,15 +241,20 @@ class LSTMEncoderStack(LayerFinishing, nn.Module):
         direction is the forward recurrence over each sentence reversed in
         place (padding stays at the end); ``positions`` are
         ``reversed_positions(sorted_lengths, S)`` on ``inputs``' device,
-        and ``packed_positions`` the packed layout (:func:`.sorted_layout`)
-        there, each made here when not given."""
+        and ``layout`` the packed layout (:class:`.PackedLayout`) there,
+        each made here when not given."""
+        batch, width = inputs.shape[:2]
         if reverse:
             if positions is None:
-                positions = reversed_positions(sorted_lengths, inputs.size(1)).to(inputs.device)
+                positions = reversed_positions(sorted_lengths, width).to(inputs.device)
             inputs = inputs.gather(1, positions.unsqueeze(-1).expand_as(inputs))
-        packed, packed_positions = pack_sorted(inputs, sorted_lengths, packed_positions)
-        packed_out, (h, c) = module(packed)
-        outputs = unpack_sorted(packed_out.data, packed_positions, inputs.size(0), inputs.size(1))
+        if layout is None:
+            packed_positions, batch_sizes = sorted_layout(sorted_lengths, width)
+            layout = PackedLayout(packed_positions.to(inputs.device), batch_sizes, batch)
+        data = inputs.reshape(batch * width, inputs.size(2)).index_select(0, layout.positions)
+        zeros = data.new_zeros(1, batch, module.hidden_size)
+        data, h, c = lstm_packed(module, data, layout.batch_sizes, (zeros, zeros))
+        outputs = unpack_sorted(data, layout.positions, batch, width)
         if reverse:
             outputs = outputs.gather(1, positions.unsqueeze(-1).expand_as(outputs))
         return outputs, h.squeeze(0), c.squeeze(0)
@@ -271,6 +304,8 @@ class LSTMDecoderStack(LayerFinishing, nn.Module):
             needs_bridge = source is not None and source != hidden_size
             self.bridges_h.append(nn.Linear(source, hidden_size) if needs_bridge else nn.Identity())
             self.bridges_c.append(nn.Linear(source, hidden_size) if needs_bridge else nn.Identity())
+        # plain bools, not modules: a bridge-less layer costs no module call
+        self.needs_bridge = [not isinstance(bridge, nn.Identity) for bridge in self.bridges_h]
         self.num_encoder_layers = len(encoder_state_sizes)
         self.hidden_size = hidden_size
         self.residual = residual
@@ -281,7 +316,9 @@ class LSTMDecoderStack(LayerFinishing, nn.Module):
 
     def bridge(self, index: int, h: Tensor, c: Tensor) -> Tuple[Tensor, Tensor]:
         """The decoder layer's initial state from the encoder layer's final one."""
-        device = module_device(self.layers[index])
+        device = self.layers[index].weight_ih_l0.device
+        if not self.needs_bridge[index]:
+            return h.to(device), c.to(device)  # nn.Identity's
         return self.bridges_h[index](h.to(device)), self.bridges_c[index](c.to(device))
 
     def initial_state(self, index: int, encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor]:
@@ -297,10 +334,11 @@ class LSTMDecoderStack(LayerFinishing, nn.Module):
     ) -> Tuple[Tensor, Tensor, Tensor]:
         """One layer over ``inputs`` B x T x C from ``state`` (h, c), each
         B x H.  Returns outputs B x T x H and the last ``h``, ``c``."""
-        device = module_device(self.layers[index])
+        layer = self.layers[index]
+        device = layer.weight_ih_l0.device
         inputs = inputs.to(device)
         state = (state[0].to(device).unsqueeze(0), state[1].to(device).unsqueeze(0))
-        outputs, (h, c) = self.layers[index](inputs, state)
+        outputs, h, c = lstm_padded(layer, inputs, state)
         return self.finish_layer(index, outputs, inputs), h.squeeze(0), c.squeeze(0)
 
     def forward(

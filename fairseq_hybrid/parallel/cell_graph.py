@@ -39,12 +39,16 @@ from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequenc
 
 import torch
 from torch import Tensor
+from torch.autograd import Variable
 
 from . import thread_state
-from .seeded_dropout import cell_generator
+from . import seeded_dropout
 from .transfer import arrive, record_event
 from .wavefront import CellSpec, Ref, worker_orders
 from .worker import DEFAULT_TIMEOUT, Aborted, WorkerGroup, current_worker
+
+
+_run_backward = Variable._execution_engine.run_backward
 
 
 class Work(NamedTuple):
@@ -189,11 +193,12 @@ class CellGraph:
         for event in self.forward_done + self.backward_done:
             event.set()
 
-    def _wait(self, event: threading.Event, what: str) -> None:
-        worker = current_worker()
-        if worker is not None and not event.is_set():
-            worker.activity = what
-        event.wait()
+    def _wait(self, event: threading.Event, cell: Cell, phase: str, other: int) -> None:
+        if not event.is_set():
+            worker = current_worker()
+            if worker is not None:  # the message made only when it waits
+                worker.activity = f"{cell.name} ({phase}), waiting for {self.cells[other].name}"
+            event.wait()
         if self.aborted:
             raise Aborted("stopped because another worker of the group failed")
 
@@ -210,16 +215,27 @@ class CellGraph:
         leaves = []
         worker = current_worker()
         for producer, position in cell.inputs:
-            self._wait(self.forward_done[producer], f"{cell.name} (forward), waiting for {self.cells[producer].name}")
+            self._wait(self.forward_done[producer], cell, "forward", producer)
             value = self.outputs[producer][position]
             leaf = arrive(value.detach(), device, self.events[producer])
             if grad_enabled and value.requires_grad:
                 leaf.requires_grad_()
             leaves.append(leaf)
         start = time.perf_counter()
-        with _running(worker, cell, "forward"), _naming_out_of_memory(cell, "forward", device), \
-                cell_generator(self.seed + index, device):
+        # the worker names its cell (timeout messages, the virtual-device harness) and out of
+        # memory names the device; written out, not as context managers, which cost the host
+        # more than many a cell's ops
+        if worker is not None:
+            worker.cell, worker.activity = cell.name, f"{cell.name} (forward)"
+        previous = seeded_dropout.enter_cell(self.seed + index, device)
+        try:
             outputs = tuple(cell.run(*leaves))
+        except torch.OutOfMemoryError as error:
+            raise _out_of_memory(cell, "forward", device, error) from error
+        finally:
+            seeded_dropout.leave_cell(previous)
+            if worker is not None:
+                worker.cell = None
         self.busy[cell.worker] += time.perf_counter() - start
         if cell.outputs is not None and len(outputs) != len(cell.outputs):
             raise RuntimeError(f"{cell.name} returned {len(outputs)} outputs but names {len(cell.outputs)}: "
@@ -231,16 +247,22 @@ class CellGraph:
         self.forward_done[index].set()
 
     def _run_backward(self, order: List[int]) -> None:
-        for index in order:
-            self._backward_cell(index)
+        # this thread runs each cell's whole backward itself (see the module
+        # docstring); the setting is the thread's own
+        previous = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)
+        try:
+            for index in order:
+                self._backward_cell(index)
+        finally:
+            torch._C._set_multithreading_enabled(previous)
 
     def _backward_cell(self, index: int) -> None:
         cell = self.cells[index]
         device = self.group.devices[cell.worker]
         worker = current_worker()
         for consumer in self.consumers[index]:
-            self._wait(self.backward_done[consumer],
-                       f"{cell.name} (backward), waiting for {self.cells[consumer].name}")
+            self._wait(self.backward_done[consumer], cell, "backward", consumer)
         roots, root_grads = [], []
         for position, value in enumerate(self.outputs[index]):
             received = self.grads.pop((index, position), None)
@@ -255,10 +277,17 @@ class CellGraph:
             root_grads.append(total)
         start = time.perf_counter()
         if roots:
-            # this thread runs the whole backward itself (see the module docstring)
-            with _running(worker, cell, "backward"), _naming_out_of_memory(cell, "backward", device), \
-                    torch.autograd.set_multithreading_enabled(False):
-                torch.autograd.backward(roots, root_grads)
+            if worker is not None:
+                worker.cell, worker.activity = cell.name, f"{cell.name} (backward)"
+            try:
+                # autograd's engine itself, as torch.autograd.backward calls it, less that
+                # function's checks of gradients made here of the outputs' own shapes
+                _run_backward(tuple(roots), tuple(root_grads), False, False, (), True, True)
+            except torch.OutOfMemoryError as error:
+                raise _out_of_memory(cell, "backward", device, error) from error
+            finally:
+                if worker is not None:
+                    worker.cell = None
         self.busy[cell.worker] += time.perf_counter() - start
         _note(cell, "backward", start)
         for leaf, ref in zip(self.leaves[index] or [], cell.inputs):
@@ -277,31 +306,13 @@ class DeviceOutOfMemory(RuntimeError):
     which fairseq's trainer looks for to skip the batch."""
 
 
-@contextmanager
-def _running(worker, cell: Cell, phase: str) -> Iterator[None]:
-    """Tell the worker (its timeout message, the virtual-device harness)
-    which cell it is running."""
-    if worker is None:
-        yield
-        return
-    worker.cell, worker.activity = cell.name, f"{cell.name} ({phase})"
-    try:
-        yield
-    finally:
-        worker.cell = None
-
-
-@contextmanager
-def _naming_out_of_memory(cell: Cell, phase: str, device: torch.device) -> Iterator[None]:
-    try:
-        yield
-    except torch.OutOfMemoryError as error:
-        if device.type == "cuda":
-            held = (f"{torch.cuda.memory_allocated(device) / 2**20:,.0f} MiB allocated, "
-                    f"{torch.cuda.memory_reserved(device) / 2**20:,.0f} MiB reserved on {device}")
-        else:
-            held = f"memory held on {device} not tracked"
-        raise DeviceOutOfMemory(f"out of memory on {device} in {cell.name} ({phase}); {held}: {error}") from error
+def _out_of_memory(cell: Cell, phase: str, device: torch.device, error: BaseException) -> DeviceOutOfMemory:
+    if device.type == "cuda":
+        held = (f"{torch.cuda.memory_allocated(device) / 2**20:,.0f} MiB allocated, "
+                f"{torch.cuda.memory_reserved(device) / 2**20:,.0f} MiB reserved on {device}")
+    else:
+        held = f"memory held on {device} not tracked"
+    return DeviceOutOfMemory(f"out of memory on {device} in {cell.name} ({phase}); {held}: {error}")
 
 
 class _Boundary(torch.autograd.Function):

@@ -24,21 +24,49 @@ from torch import Tensor
 _local = threading.local()
 
 
+class _CellSeed:
+    """A cell's seed, made into a generator at its first draw: most cells
+    draw nothing (no dropout, or a backward call), and a generator costs
+    the host a few microseconds to make and seed."""
+
+    __slots__ = ("seed", "device", "generator")
+
+    def __init__(self, seed: int, device: torch.device):
+        self.seed, self.device, self.generator = seed, device, None
+
+    def get(self) -> torch.Generator:
+        if self.generator is None:
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(self.seed)
+        return self.generator
+
+
+def enter_cell(seed: int, device: torch.device) -> Optional[_CellSeed]:
+    """Dropout in this thread draws from a generator seeded with ``seed``
+    until :func:`leave_cell` is given what this returned (the hybrid
+    engine's cells: a plain call pair, cheaper than a context manager)."""
+    previous = getattr(_local, "generator", None)
+    _local.generator = _CellSeed(seed, device)
+    return previous
+
+
+def leave_cell(previous: Optional[_CellSeed]) -> None:
+    _local.generator = previous
+
+
 @contextmanager
 def cell_generator(seed: int, device: torch.device) -> Iterator[None]:
     """Dropout in this thread draws from a generator seeded with ``seed``."""
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    previous = getattr(_local, "generator", None)
-    _local.generator = generator
+    previous = enter_cell(seed, device)
     try:
         yield
     finally:
-        _local.generator = previous
+        leave_cell(previous)
 
 
 def current_generator() -> Optional[torch.Generator]:
-    return getattr(_local, "generator", None)
+    seed = getattr(_local, "generator", None)
+    return None if seed is None else seed.get()
 
 
 @contextmanager
@@ -59,8 +87,10 @@ class SeededDropout(nn.Dropout):
         masks = getattr(_local, "masks", None)
         if masks and self.training and self.p > 0.0:
             return x * masks.popleft().to(x.device)  # as F.dropout: input * (noise / keep)
+        if self.p == 0.0 or not self.training:
+            return x  # what F.dropout gives then, without an op
         generator = current_generator()
-        if generator is None or not self.training or self.p == 0.0:
+        if generator is None:
             return super().forward(x)
         if self.p == 1.0:
             return x * 0.0

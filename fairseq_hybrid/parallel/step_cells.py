@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ..criterions.fused_output_loss import GradientSink, KeptTargets, kept_targets
-from ..sorted_packing import chunk_lengths, sorted_layout
+from ..sorted_packing import PackedLayout, chunk_lengths, sorted_layout
 from .batch_shards import batch_slices, sum_on
 from .cell_graph import Cell, DeviceUsage, Work, run_cells
 from .device_plan import DevicePlan
@@ -138,6 +138,16 @@ def _uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[Re
     return [ReplicaUse(replicas, worker, tuple(indices), home) for worker, indices in sorted(cells.items())]
 
 
+def _packed_layouts(lengths: Tensor, width: int, devices) -> Dict[torch.device, Optional[PackedLayout]]:
+    """The packed layout of rows of host ``lengths`` (sorted longest
+    first) on each of ``devices``; None on each where no row runs."""
+    if not len(lengths):
+        return {device: None for device in devices}
+    positions, batch_sizes = sorted_layout(lengths, width)
+    return {device: PackedLayout(on_device, batch_sizes, len(lengths))
+            for device, on_device in to_devices(positions, devices).items()}
+
+
 class _Batch:
     """What every cell builder of one hybrid step needs to know about the
     batch (the length order of the encoder rows, the time chunks, the batch
@@ -175,12 +185,9 @@ class _Batch:
         # The packed layout of the encoder's rows, whole (the directions of a
         # bidirectional layer) and per time chunk (the rows still running),
         # sent with the batch: one gather per cell instead of a copy per step.
-        self.packed_positions = to_devices(sorted_layout(self.sorted_lengths, self.source_width)[0], devices)
-        self.chunk_packed_positions = []
-        for chunk in self.source_chunks:
-            lengths = chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start)
-            self.chunk_packed_positions.append(
-                to_devices(sorted_layout(lengths, chunk.stop - chunk.start)[0] if len(lengths) else None, devices))
+        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, devices)
+        self.chunk_layouts = [_packed_layouts(chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start),
+                                             chunk.stop - chunk.start, devices) for chunk in self.source_chunks]
         padding_mask = src_tokens.eq(encoder.padding_idx)
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
@@ -295,7 +302,7 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
                     lstm = master if replicas is None else replicas.on(worker, device, step)
                     positions = batch.reversed_positions[device] if reverse else None
                     out, h, c = encoder.run_direction(lstm, reverse, x, sorted_lengths, positions,
-                                                      batch.packed_positions[device])
+                                                      batch.packed_layouts[device])
                     out = encoder.finish_layer(layer, out, x, reverse)
                     return (*out.split(batch.source_sizes(), dim=1), h, c)
 
@@ -314,10 +321,12 @@ def _add_encoder(step: StepBuilder, batch: _Batch):
             chunk_cells = []
             for c, chunk in enumerate(source_chunks):
                 def run_chunk(*args, layer=layer, start=chunk.start, width=len(below[c]), first=(c == 0),
-                              packed=batch.chunk_packed_positions[c].get(plan.encoder_device(layer))):
+                              layout=batch.chunk_layouts[c][plan.encoder_device(layer)]):
                     x = _join(args[:width])
                     state = None if first else (args[width], args[width + 1])
-                    return encoder.run_chunk(layer, x, sorted_lengths, start, state, packed)
+                    if layout is None:  # every row has ended: nothing to pack
+                        return encoder.run_chunk(layer, x, sorted_lengths, start, state)
+                    return encoder.run_chunk(layer, x, sorted_lengths, start, state, layout)
 
                 state_refs = [] if previous is None else [step.ref(previous, "h"), step.ref(previous, "c")]
                 tokens = int((sorted_lengths - chunk.start).clamp(min=0, max=chunk.stop - chunk.start).sum())

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Host time per cell, two versions of the engine side by side.
+
+Runs ``benchmarks/bench_host_cost.py`` of two checkouts (``--old``, a
+directory holding an earlier commit, made for instance with ``git worktree
+add /tmp/old <commit>``, and this one), each in a fresh process that
+imports that checkout's package (its directory first on ``PYTHONPATH``),
+one after the other in alternating rounds (old, new, old, new, ...), so
+that a shared machine's drift falls on both alike.  For each K it prints
+and writes (``--json``) the medians over the rounds of each cell kind's
+host time per call, forward and backward, and their ratio new / old:
+
+* ``attention_softmax``: forward + backward;
+* ``lstm``: forward + backward, each without the share of the LSTM
+  kernel op (``mkldnn_rnn_layer`` on a CPU, which does the layer's work
+  itself; on a GPU the same call queues a cuDNN kernel), the share each
+  version's own run measures;
+* aten ops per cell (forward and backward calls together, one step, K = 1)
+  beside them.
+
+    .venv/bin/python benchmarks/compare_host_cost.py --old /tmp/old --groups 1,4 --rounds 5
+
+A time: run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KINDS = ("attention_softmax", "lstm")
+
+
+def run_once(tree: str, k: int, steps: int) -> Dict:
+    """One run of ``tree``'s bench_host_cost.py at K workers, K chunks."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "host_cost.json")
+        env = dict(os.environ, PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        subprocess.run([sys.executable, os.path.join(tree, "benchmarks", "bench_host_cost.py"), "--groups", str(k),
+                        "--chunk-lengths", "0", "--steps", str(steps), "--json", out],
+                       env=env, check=True, stdout=subprocess.DEVNULL, cwd=tree)
+        with open(out) as f:
+            return json.load(f)
+
+
+def host_us(report: Dict) -> Dict[str, float]:
+    """Each kind's forward + backward host time per cell call pair, the
+    LSTM's without its kernel op's share."""
+    row = report["rows"][0]["cell_us"]
+    share = report["lstm_kernel_share_k1_whole"]
+    out = {}
+    for kind in KINDS:
+        total = 0.0
+        for phase in ("forward", "backward"):
+            value = row.get(f"{kind}/{phase}", 0.0)
+            if kind == "lstm":
+                value *= 1.0 - share[f"lstm/{phase}"]
+            total += value
+        out[kind] = total
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", required=True, help="a checkout of the earlier version (git worktree add DIR COMMIT)")
+    parser.add_argument("--new", default=HERE, help="the checkout to compare (default: this one)")
+    parser.add_argument("--groups", default="1,4")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    for tree in (args.old, args.new):
+        if not os.path.isfile(os.path.join(tree, "benchmarks", "bench_host_cost.py")):
+            parser.error(f"{tree}: no benchmarks/bench_host_cost.py there")
+    trees = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
+    results = {"trees": trees, "rounds": args.rounds, "steps": args.steps, "cores": os.cpu_count(), "groups": {}}
+    started = time.perf_counter()
+    for k in (int(x) for x in args.groups.split(",")):
+        runs: Dict[str, List[Dict]] = {"old": [], "new": []}
+        for round_ in range(args.rounds):
+            for name in ("old", "new"):
+                runs[name].append(run_once(trees[name], k, args.steps))
+            print(f"K={k} round {round_ + 1}/{args.rounds} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
+                  flush=True)
+        row = {}
+        for name in ("old", "new"):
+            per_run = [host_us(report) for report in runs[name]]
+            row[name] = {
+                "host_us": {kind: statistics.median(r[kind] for r in per_run) for kind in KINDS},
+                "step_ms": statistics.median(report["rows"][0]["step_ms"] for report in runs[name]),
+                "outside_cells_us_per_cell": statistics.median(report["rows"][0]["outside_cells_us_per_cell"]
+                                                               for report in runs[name]),
+                "ops_per_cell": runs[name][0]["ops_per_cell_k1_whole"],
+                "lstm_kernel_share": runs[name][0]["lstm_kernel_share_k1_whole"],
+                "cell_us": {key: statistics.median(report["rows"][0]["cell_us"][key] for report in runs[name])
+                            for key in runs[name][0]["rows"][0]["cell_us"]},
+            }
+        row["ratio"] = {kind: row["new"]["host_us"][kind] / row["old"]["host_us"][kind] for kind in KINDS}
+        row["ratio"]["step"] = row["new"]["step_ms"] / row["old"]["step_ms"]
+        results["groups"][str(k)] = row
+        print(f"K={k}: " + ", ".join(
+            f"{kind} {row['old']['host_us'][kind]:.0f} -> {row['new']['host_us'][kind]:.0f} us "
+            f"({row['ratio'][kind]:.2f}x; ops {row['old']['ops_per_cell'].get(kind, 0):.0f} -> "
+            f"{row['new']['ops_per_cell'].get(kind, 0):.0f})" for kind in KINDS)
+            + f", step {row['old']['step_ms']:.1f} -> {row['new']['step_ms']:.1f} ms ({row['ratio']['step']:.2f}x)",
+            flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
