@@ -49,7 +49,7 @@ def test_same_loss_logging_and_gradients_as_fairseq(dictionaries, eps, chunk_row
                                    rtol=1e-5, atol=0)
     assert got.keys() == grads_ref.keys() and len(got) > 10
     for name in got:
-        torch.testing.assert_close(got[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
+        torch.testing.assert_close(got[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=lambda text, name=name: f"{name}: {text}")
 
 
 def test_fused_loss_equals_fairseq_on_the_same_logits():

@@ -24,7 +24,7 @@ one such matrix per cell it runs; a :class:`GradientSink` shared by a
 device's calls holds one in all.
 """
 
-from typing import NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -64,57 +64,102 @@ class GradientSink:
         return weight, bias
 
 
+class LossGrads(NamedTuple):
+    """Where :func:`chunked_loss` writes the gradients of the loss with
+    respect to its features (N x D), the weight and the bias (added to
+    what they hold)."""
+
+    features: Tensor
+    weight: Tensor
+    bias: Tensor
+
+
+def row_chunks(rows: int, chunk_rows: int) -> List[Tuple[int, int]]:
+    """``(start, stop)`` of chunks of ``chunk_rows`` rows, a last one of
+    fewer than half of that joined to the one before (a chunk costs the
+    host two dozen ops whatever its size)."""
+    starts = list(range(0, rows, chunk_rows)) or [0]
+    if len(starts) > 1 and rows - starts[-1] < chunk_rows // 2:
+        starts.pop()
+    return [(start, stop) for start, stop in zip(starts, starts[1:] + [rows])]
+
+
+def chunked_loss(features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor, epsilon: float, chunk_rows: int,
+                 want_correct: bool, grads: Optional[LossGrads]) -> Tuple[Tensor, Tensor, Tensor]:
+    """The summed ``(loss, nll, correct)`` of ``features`` N x D against
+    ``labels`` (every row counts), in row chunks (:func:`row_chunks`),
+    writing the gradients into ``grads`` when given.  Each op here is host
+    time on a GPU, in a hybrid group's every attention-softmax cell, so a
+    chunk's per-row sums leave it as one N x 3 tensor and the three totals
+    come out of one sum."""
+    num_classes = weight.size(0)
+    eps_i = epsilon / (num_classes - 1)
+    a = 1.0 - epsilon - eps_i
+    # Half-precision features get float32 logits and sums; float64 stays float64.
+    dtype = torch.promote_types(features.dtype, torch.float32)
+    chunks = row_chunks(features.size(0), chunk_rows)
+    whole = len(chunks) == 1
+    correct = torch.zeros((), dtype=torch.long, device=features.device)
+    weight_t = weight.t()
+    labels = labels.unsqueeze(1)
+    if grads is not None:
+        widest = max(stop - start for start, stop in chunks)
+        minus_a = torch.full((widest, 1), -a, dtype=dtype, device=features.device)
+        minus_eps = torch.full((1, 1), -eps_i, dtype=dtype, device=features.device)
+        scale = a + eps_i * num_classes
+    per_row = []  # for each chunk, its rows' logsumexp, target logit and sum of the logits
+    for start, stop in chunks:
+        rows = features if whole else features[start:stop]
+        labels_here = labels if whole else labels[start:stop]
+        logits = torch.addmm(bias, rows, weight_t)
+        if logits.dtype != dtype:
+            logits = logits.to(dtype)
+        if want_correct:
+            correct += logits.argmax(1, keepdim=True).eq(labels_here).sum()
+        picked = logits.gather(1, labels_here)
+        logit_sums = logits.sum(1, keepdim=True)
+        # logsumexp by hand, keeping exp(x - max) for the gradient: one
+        # exp pass over the chunk instead of two (torch.logsumexp's own
+        # and the gradient's), and no out-of-place subtraction.
+        maxes = logits.amax(1, keepdim=True)
+        exps = logits.sub_(maxes).exp_()
+        exp_sums = exps.sum(1, keepdim=True)
+        per_row.append(torch.cat([maxes.add_(exp_sums.log()), picked, logit_sums], dim=1))
+        if grads is not None:
+            # the gradient of the loss with respect to the logits:
+            # p_v (a + eps_i V) - eps_i - a [v = y], p_v = exps_v / exp_sums
+            grad = torch.addcdiv(minus_eps, exps, exp_sums, value=scale)
+            grad.scatter_add_(1, labels_here, minus_a if stop - start == widest else minus_a[: stop - start])
+            torch.mm(grad.to(rows.dtype) if grad.dtype != rows.dtype else grad, weight,
+                     out=grads.features if whole else grads.features[start:stop])
+            grads.weight.addmm_(grad.t(), rows.to(dtype) if rows.dtype != dtype else rows)
+            grads.bias.add_(grad.sum(0))
+    lse, picked, logit_sums = (per_row[0] if whole else torch.cat(per_row)).sum(0)
+    nll = lse - picked
+    # loss = a * nll + eps_i * smooth, smooth = V * lse - (sum of the logits)
+    loss = a * nll + eps_i * (num_classes * lse - logit_sums)
+    return loss, nll, correct
+
+
 class FusedLinearLabelSmoothedCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, bias, target, epsilon, chunk_rows, want_correct, sink=None):
-        num_classes = weight.size(0)
-        eps_i = epsilon / (num_classes - 1)
-        a = 1.0 - epsilon - eps_i
         needs_grad = any(ctx.needs_input_grad[:3])
-        # Half-precision features get float32 logits and sums; float64 stays float64.
         dtype = torch.promote_types(features.dtype, torch.float32)
-        loss = features.new_zeros((), dtype=dtype)
-        nll = features.new_zeros((), dtype=dtype)
-        correct = torch.zeros((), dtype=torch.long, device=features.device)
+        grads = None
         if needs_grad:
-            grad_features = torch.empty_like(features)
             if sink is not None:
                 grad_weight, grad_bias = sink.buffers(weight, dtype)
             else:
                 grad_weight = torch.zeros_like(weight, dtype=dtype)
-                grad_bias = torch.zeros(num_classes, dtype=dtype, device=weight.device)
-        for start in range(0, features.size(0), chunk_rows):
-            rows = features[start : start + chunk_rows]
-            labels = target[start : start + chunk_rows]
-            logits = torch.addmm(bias, rows, weight.t()).to(dtype)
-            if want_correct:
-                correct += logits.argmax(1).eq(labels).sum()
-            target_logits = logits.gather(1, labels.unsqueeze(1)).squeeze(1)
-            logit_sums = logits.sum(1)
-            # logsumexp by hand, keeping exp(x - max) for the gradient: one
-            # exp pass over the chunk instead of two (torch.logsumexp's own
-            # and the gradient's), and no out-of-place subtraction.
-            maxes = logits.amax(1, keepdim=True)
-            exps = logits.sub_(maxes).exp_()
-            exp_sums = exps.sum(1)
-            lse = maxes.squeeze(1) + exp_sums.log()
-            chunk_nll = lse - target_logits
-            chunk_smooth = num_classes * lse - logit_sums
-            nll += chunk_nll.sum()
-            loss += a * chunk_nll.sum() + eps_i * chunk_smooth.sum()
-            if needs_grad:
-                # p_v = exps_v / exp_sums
-                scale = (a + eps_i * num_classes) / exp_sums
-                grad = exps.mul_(scale.unsqueeze(1)).sub_(eps_i)
-                grad.scatter_add_(1, labels.unsqueeze(1), grad.new_full((labels.size(0), 1), -a))
-                grad_features[start : start + chunk_rows] = grad.to(rows.dtype) @ weight
-                grad_weight.addmm_(grad.t(), rows.to(dtype))
-                grad_bias += grad.sum(0)
+                grad_bias = torch.zeros(weight.size(0), dtype=dtype, device=weight.device)
+            grads = LossGrads(torch.empty_like(features), grad_weight, grad_bias)
+        loss, nll, correct = chunked_loss(features, weight, bias, target, epsilon, chunk_rows, want_correct, grads)
         ctx.sink = sink
         if needs_grad and sink is not None:
-            ctx.save_for_backward(grad_features)
+            ctx.save_for_backward(grads.features)
         elif needs_grad:
-            ctx.save_for_backward(grad_features, grad_weight.to(weight.dtype), grad_bias.to(bias.dtype))
+            ctx.save_for_backward(grads.features, grads.weight.to(weight.dtype), grads.bias.to(bias.dtype))
         ctx.weight_dtype, ctx.bias_dtype = weight.dtype, bias.dtype
         ctx.mark_non_differentiable(nll, correct)
         return loss, nll, correct

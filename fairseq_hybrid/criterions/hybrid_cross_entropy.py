@@ -27,7 +27,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from torch import Tensor
 
-from .fused_output_loss import GradientSink, KeptTargets, fused_linear_label_smoothed_ce
+from .attention_softmax_loss import LabelSmoothedLoss
+from .fused_output_loss import GradientSink, KeptTargets
 
 
 @dataclass
@@ -49,6 +50,10 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         if output_loss_chunk_rows < 0:
             raise ValueError(f"--output-loss-chunk-rows must be >= 0, got {output_loss_chunk_rows}")
         self.chunk_rows = output_loss_chunk_rows
+        # what a hybrid group's attention-softmax cells call (they compute it
+        # themselves where they can, :mod:`.attention_softmax_loss`)
+        self.fused_loss = LabelSmoothedLoss(self.eps, self.padding_idx, output_loss_chunk_rows,
+                                            self.report_accuracy) if output_loss_chunk_rows > 0 else None
 
     def shard_loss(self, features: Tensor, weight: Tensor, bias: Tensor, target: Tensor,
                    kept: Optional[KeptTargets] = None, sink: Optional[GradientSink] = None) -> Tuple[Tensor, ...]:
@@ -59,11 +64,8 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         given.  ``sink``: where the output layer's gradient is summed with
         the other pieces' on this device (see :class:`GradientSink`; the
         fused loss only)."""
-        if self.chunk_rows > 0:
-            return fused_linear_label_smoothed_ce(
-                features, weight, bias, target, self.eps, self.padding_idx, self.chunk_rows, self.report_accuracy,
-                kept=kept, sink=sink,
-            )
+        if self.fused_loss is not None:
+            return self.fused_loss(features, weight, bias, target, kept, sink)
         lprobs = utils.log_softmax(F.linear(features, weight, bias), dim=-1)
         lprobs = lprobs.reshape(-1, lprobs.size(-1))
         target = target.reshape(-1)
@@ -88,7 +90,8 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             # along time, and padding is ignored wherever it falls.
             target = target.clone()
             target[:, : self.ignore_prefix_size] = self.padding_idx
-        loss, nll_loss, n_correct, total = model.loss_sums(sample["net_input"], target, self.shard_loss)
+        shard_loss = self.shard_loss if self.fused_loss is None else self.fused_loss
+        loss, nll_loss, n_correct, total = model.loss_sums(sample["net_input"], target, shard_loss)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,

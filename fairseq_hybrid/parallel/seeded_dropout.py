@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from contextlib import contextmanager
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -83,6 +83,26 @@ def given_masks(masks: Sequence[Tensor]) -> Iterator[None]:
 
 
 class SeededDropout(nn.Dropout):
+    def mask_for(self, shape, like: Tensor) -> Optional[Tuple[Tensor, float]]:
+        """The mask this module's next call would apply to an input of
+        ``shape`` (with ``like``'s dtype and device) and the keep
+        probability it divides by, ``x * mask / keep``, or None where it
+        would return its input: for code that applies it itself (the
+        hybrid engine's fused attention-softmax cell).  A given mask is
+        taken (divisor 1), else one is drawn from the cell's generator, or
+        torch's."""
+        if not self.training or self.p == 0.0:
+            return None
+        masks = getattr(_local, "masks", None)
+        if masks:
+            return masks.popleft().to(like.device), 1.0
+        if self.p == 1.0:
+            return torch.zeros(shape, dtype=like.dtype, device=like.device), 1.0
+        keep = 1.0 - self.p
+        mask = torch.empty(shape, dtype=like.dtype, device=like.device).bernoulli_(keep,
+                                                                                  generator=current_generator())
+        return mask, keep
+
     def forward(self, x: Tensor) -> Tensor:
         masks = getattr(_local, "masks", None)
         if masks and self.training and self.p > 0.0:

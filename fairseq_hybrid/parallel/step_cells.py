@@ -43,6 +43,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..criterions.attention_softmax_loss import LabelSmoothedLoss, attention_softmax_loss, fused_cell_applies
 from ..criterions.fused_output_loss import GradientSink, KeptTargets, kept_targets
 from ..sorted_packing import PackedLayout, chunk_lengths, sorted_layout
 from .batch_shards import batch_slices, sum_on
@@ -441,6 +442,9 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
             def run_shard(states, encoder_states, worker=worker, k=k, c=c, device=device):
                 # The replica is brought up to date on its own worker (on its stream).
                 replica = part if worker == master_worker else replicas.on(worker, device, step)
+                if isinstance(shard_loss, LabelSmoothedLoss) and fused_cell_applies(replica, states):
+                    return attention_softmax_loss(replica, states, encoder_states, batch.padding_masks[k],
+                                                  batch.kept[k][c], shard_loss, sinks[worker])
                 features, _ = replica.features(states, encoder_states, batch.padding_masks[k])
                 return shard_loss(features, replica.output_weight, replica.output_bias, batch.targets[k][c],
                                   batch.kept[k][c], sinks[worker])
