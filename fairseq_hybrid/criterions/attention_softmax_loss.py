@@ -64,7 +64,7 @@ class _AttentionSoftmaxLoss(torch.autograd.Function):
         batch, steps, hidden = q.shape
         keys = e.size(2)
         dtype = q.dtype
-        q2 = q.reshape(batch * steps, hidden)
+        q2 = None if query_weight is None else q.reshape(batch * steps, hidden)
         # attention: scores, softmax (in fp32, as LuongAttention), context
         qp = q if query_weight is None else torch.mm(q2, query_weight.t()).view(batch, steps, keys)
         e_t = e.transpose(1, 2)
@@ -106,7 +106,6 @@ class _AttentionSoftmaxLoss(torch.autograd.Function):
                 grad = grad / keep
             grad = grad * mask
         grad = torch.ops.aten.tanh_backward(grad, activated)
-        grad_attentional = torch.mm(grad.t(), joined)
         grad_joined = torch.mm(grad, attentional_weight).view(batch, steps, keys + hidden)
         grad_context = grad_joined[..., :keys]
         grad_weights = torch.bmm(grad_context, e_t)
@@ -118,19 +117,21 @@ class _AttentionSoftmaxLoss(torch.autograd.Function):
                                                        torch.float32).to(dtype)
         grad_e.baddbmm_(grad_scores.transpose(1, 2), qp)
         grad_qp = torch.bmm(grad_scores, e)
-        grad_query = None
+        grad_qp2 = None
         if query_weight is None:
             grad_q = grad_qp.add_(grad_joined[..., keys:])
         else:
             grad_qp2 = grad_qp.view(batch * steps, keys)
-            grad_query = torch.mm(grad_qp2.t(), q2)
             grad_q = torch.mm(grad_qp2, query_weight).view(batch, steps, hidden).add_(grad_joined[..., keys:])
         ctx.sink = sink
+        # The attentional layer's and the query projection's gradients are
+        # products left to backward: made here, each would be a matrix of
+        # the layer's size per cell, held from forward to backward (the
+        # output layer's goes into the device's sink instead).
+        saved = (grad_q, grad_e, grad, joined, grad_qp2, q2)
         if sink is None:
-            ctx.save_for_backward(grad_q, grad_e, grad_query, grad_attentional, grad_weight.to(output_weight.dtype),
-                                  grad_bias.to(output_bias.dtype))
-        else:
-            ctx.save_for_backward(grad_q, grad_e, grad_query, grad_attentional)
+            saved += (grad_weight.to(output_weight.dtype), grad_bias.to(output_bias.dtype))
+        ctx.save_for_backward(*saved)
         ctx.output_dtypes = output_weight.dtype, output_bias.dtype
         ctx.mark_non_differentiable(nll, correct)
         ctx.set_materialize_grads(False)  # no zeros made for nll's and correct's gradients
@@ -141,19 +142,27 @@ class _AttentionSoftmaxLoss(torch.autograd.Function):
         if grad_loss is None:
             return (None,) * 11
         saved = ctx.saved_tensors
-        grad_q, grad_e, grad_query, grad_attentional = saved[:4]
+        grad_q, grad_e, grad_activated, joined, grad_qp, queries = saved[:6]
         if ctx.sink is None:
-            grad_weight, grad_bias = saved[4:]
+            grad_weight, grad_bias = saved[6:]
         else:
             grad_weight, grad_bias = ctx.sink.take()
             if grad_weight is not None:
                 grad_weight, grad_bias = grad_weight.to(ctx.output_dtypes[0]), grad_bias.to(ctx.output_dtypes[1])
+        grad_attentional = torch.mm(grad_activated.t(), joined)
+        grad_query = None if grad_qp is None else torch.mm(grad_qp.t(), queries)
 
-        def scaled(grad):
-            return None if grad is None else grad * grad_loss.to(grad.dtype)
+        def scaled(grad, owned):
+            # a gradient made here, or the sink's sums (taken: no one else holds them), is scaled in
+            # place: a copy of the output layer's gradient is that layer's size again at the peak
+            if grad is None:
+                return None
+            return grad.mul_(grad_loss.to(grad.dtype)) if owned else grad * grad_loss.to(grad.dtype)
 
-        return (scaled(grad_q), scaled(grad_e), scaled(grad_query), scaled(grad_attentional), scaled(grad_weight),
-                scaled(grad_bias), None, None, None, None, None)
+        sunk = ctx.sink is not None
+        return (scaled(grad_q, False), scaled(grad_e, False), scaled(grad_query, True),
+                scaled(grad_attentional, True), scaled(grad_weight, sunk), scaled(grad_bias, sunk),
+                None, None, None, None, None)
 
 
 def attention_softmax_loss(part, decoder_states: Tensor, encoder_states: Tensor, padding_mask: Optional[Tensor],

@@ -128,7 +128,9 @@ def chunked_loss(features: Tensor, weight: Tensor, bias: Tensor, labels: Tensor,
         if grads is not None:
             # the gradient of the loss with respect to the logits:
             # p_v (a + eps_i V) - eps_i - a [v = y], p_v = exps_v / exp_sums
-            grad = torch.addcdiv(minus_eps, exps, exp_sums, value=scale)
+            # written over exps (an elementwise op may write over an input it reads
+            # element by element): no second chunk of logits' size
+            grad = torch.addcdiv(minus_eps, exps, exp_sums, value=scale, out=exps)
             grad.scatter_add_(1, labels_here, minus_a if stop - start == widest else minus_a[: stop - start])
             torch.mm(grad.to(rows.dtype) if grad.dtype != rows.dtype else grad, weight,
                      out=grads.features if whole else grads.features[start:stop])
@@ -173,10 +175,18 @@ class FusedLinearLabelSmoothedCE(torch.autograd.Function):
                 grad_weight, grad_bias = grad_weight.to(ctx.weight_dtype), grad_bias.to(ctx.bias_dtype)
         else:
             grad_features, grad_weight, grad_bias = ctx.saved_tensors
+        if ctx.sink is not None and grad_weight is not None:
+            # the sink's sums, taken (no one else holds them): scaled in place, not copied at the
+            # output layer's size
+            grad_weight, grad_bias = grad_weight.mul_(grad_loss.to(grad_weight.dtype)), grad_bias.mul_(
+                grad_loss.to(grad_bias.dtype))
+        elif grad_weight is not None:
+            grad_weight, grad_bias = grad_weight * grad_loss.to(grad_weight.dtype), grad_bias * grad_loss.to(
+                grad_bias.dtype)
         return (
             grad_features * grad_loss.to(grad_features.dtype),
-            None if grad_weight is None else grad_weight * grad_loss.to(grad_weight.dtype),
-            None if grad_bias is None else grad_bias * grad_loss.to(grad_bias.dtype),
+            grad_weight,
+            grad_bias,
             None,
             None,
             None,
