@@ -18,7 +18,15 @@ host time per call, forward and backward, and their ratio new / old:
 * aten ops per cell (forward and backward calls together, one step, K = 1)
   beside them.
 
-    .venv/bin/python benchmarks/compare_host_cost.py --old /tmp/old --groups 1,4 --rounds 5
+With ``--suite DATA`` (a binarized ja-en corpus) it then runs the
+benchmark suite's group against one device with K threads, both
+``hybrid_lstm_base`` on real batches (``benchmarks/bench_suite.py --one``,
+K = ``--suite-devices``), of each checkout, alternating the same way: what
+the host saving gives a group of CPU devices, where the host also does the
+arithmetic.
+
+    .venv/bin/python benchmarks/compare_host_cost.py --old /tmp/old --groups 1,4 --rounds 5 \
+        --suite work/tatoeba_ja_en/bin --json docs/bench/host_cost_compare.json
 
 A time: run it alone on the machine.
 """
@@ -51,6 +59,41 @@ def run_once(tree: str, k: int, steps: int) -> Dict:
             return json.load(f)
 
 
+def suite_once(tree: str, data: str, system: str, k: int, batches: int) -> float:
+    """Target tokens/s of one benchmark-suite system of ``tree``, in a
+    fresh process."""
+    env = dict(os.environ, PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, os.path.join(tree, "benchmarks", "bench_suite.py"), os.path.abspath(data),
+                           "--one", system, "--devices", str(k), "--batches", str(batches)],
+                          env=env, cwd=tree, capture_output=True, text=True)
+    line = [text for text in done.stdout.splitlines() if text.startswith("RESULT ")]
+    if done.returncode != 0 or not line:
+        sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
+        raise SystemExit(f"{tree}: {system!r} failed")
+    result = json.loads(line[0][len("RESULT "):])
+    return result["tokens"] / result["seconds"]
+
+
+def suite_rows(trees: Dict[str, str], data: str, k: int, rounds: int, batches: int, started: float) -> Dict:
+    systems = {"one device": f"hybrid_lstm_base, 1 device, {k} threads", "group": f"hybrid on {k} devices"}
+    measured: Dict[str, Dict[str, List[float]]] = {name: {role: [] for role in systems} for name in trees}
+    for round_ in range(rounds):
+        for name in ("old", "new"):
+            for role, system in systems.items():
+                measured[name][role].append(suite_once(trees[name], data, system, k, batches))
+        print(f"suite round {round_ + 1}/{rounds} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
+              flush=True)
+    row: Dict = {"systems": systems, "devices": k, "batches": batches}
+    for name in trees:
+        medians = {role: statistics.median(values) for role, values in measured[name].items()}
+        row[name] = {"tokens_per_s": medians, "runs": measured[name],
+                     "group_vs_one_device": medians["group"] / medians["one device"]}
+    print(f"suite, K={k}: group against one device with {k} threads {row['old']['group_vs_one_device']:.2f} -> "
+          f"{row['new']['group_vs_one_device']:.2f} (group {row['old']['tokens_per_s']['group']:,.0f} -> "
+          f"{row['new']['tokens_per_s']['group']:,.0f} target tokens/s)", flush=True)
+    return row
+
+
 def host_us(report: Dict) -> Dict[str, float]:
     """Each kind's forward + backward host time per cell call pair, the
     LSTM's without its kernel op's share."""
@@ -75,8 +118,15 @@ def main(argv=None) -> int:
     parser.add_argument("--groups", default="1,4")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--suite", metavar="DATA", help="also the benchmark suite's group against one device on "
+                        "this binarized ja-en corpus")
+    parser.add_argument("--suite-devices", type=int, default=2)
+    parser.add_argument("--suite-rounds", type=int, default=3)
+    parser.add_argument("--suite-batches", type=int, default=10)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.suite and not os.path.isfile(os.path.join(args.suite, "dict.ja.txt")):
+        parser.error(f"--suite {args.suite}: not a binarized ja-en corpus (no dict.ja.txt)")
     for tree in (args.old, args.new):
         if not os.path.isfile(os.path.join(tree, "benchmarks", "bench_host_cost.py")):
             parser.error(f"{tree}: no benchmarks/bench_host_cost.py there")
@@ -112,6 +162,9 @@ def main(argv=None) -> int:
             f"{row['new']['ops_per_cell'].get(kind, 0):.0f})" for kind in KINDS)
             + f", step {row['old']['step_ms']:.1f} -> {row['new']['step_ms']:.1f} ms ({row['ratio']['step']:.2f}x)",
             flush=True)
+    if args.suite:
+        results["suite"] = suite_rows(trees, args.suite, args.suite_devices, args.suite_rounds, args.suite_batches,
+                                      started)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
