@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Host time per cell, two versions of the engine side by side.
 
-Runs ``benchmarks/bench_host_cost.py`` of two checkouts (``--old``, a
-directory holding an earlier commit, made for instance with ``git worktree
-add /tmp/old <commit>``, and this one), each in a fresh process that
+Runs ``benchmarks/bench_host_cost.py`` of two checkouts (``--old``, an
+earlier commit, exported with ``git archive`` to a temporary folder, or a
+directory holding one, and this one), each in a fresh process that
 imports that checkout's package (its directory first on ``PYTHONPATH``),
 one after the other in alternating rounds (old, new, old, new, ...), so
 that a shared machine's drift falls on both alike.  For each K it prints
@@ -39,12 +39,24 @@ import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("attention_softmax", "lstm")
+
+
+def export(revision: str, folder: str) -> str:
+    """``revision``'s package and benchmark scripts, exported into ``folder``."""
+    archive = os.path.join(folder, "tree.tar")
+    subprocess.check_call(["git", "-C", HERE, "archive", "--format=tar", "-o", archive, revision, "fairseq_hybrid",
+                           "benchmarks"])
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder)
+    os.remove(archive)
+    return folder
 
 
 def run_once(tree: str, k: int, steps: int) -> Dict:
@@ -113,7 +125,7 @@ def host_us(report: Dict) -> Dict[str, float]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--old", required=True, help="a checkout of the earlier version (git worktree add DIR COMMIT)")
+    parser.add_argument("--old", required=True, help="the earlier version: a git revision, or a checkout of one")
     parser.add_argument("--new", default=HERE, help="the checkout to compare (default: this one)")
     parser.add_argument("--groups", default="1,4")
     parser.add_argument("--rounds", type=int, default=5)
@@ -127,11 +139,22 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.suite and not os.path.isfile(os.path.join(args.suite, "dict.ja.txt")):
         parser.error(f"--suite {args.suite}: not a binarized ja-en corpus (no dict.ja.txt)")
-    for tree in (args.old, args.new):
-        if not os.path.isfile(os.path.join(tree, "benchmarks", "bench_host_cost.py")):
-            parser.error(f"{tree}: no benchmarks/bench_host_cost.py there")
-    trees = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
-    results = {"trees": trees, "rounds": args.rounds, "steps": args.steps, "cores": os.cpu_count(), "groups": {}}
+    with tempfile.TemporaryDirectory(prefix="compare_host_cost_") as folder:
+        old = args.old
+        if not os.path.isdir(old):
+            if subprocess.run(["git", "-C", HERE, "rev-parse", "--verify", "--quiet", old + "^{commit}"],
+                              capture_output=True).returncode != 0:
+                parser.error(f"--old {old}: neither a directory nor a git revision")
+            old = export(old, folder)
+        for tree in (old, args.new):
+            if not os.path.isfile(os.path.join(tree, "benchmarks", "bench_host_cost.py")):
+                parser.error(f"{tree}: no benchmarks/bench_host_cost.py there")
+        compare(args, {"old": os.path.abspath(old), "new": os.path.abspath(args.new)}, args.old)
+    return 0
+
+
+def compare(args, trees: Dict[str, str], old_name: str) -> None:
+    results = {"old": old_name, "trees": trees, "rounds": args.rounds, "steps": args.steps, "cores": os.cpu_count(), "groups": {}}
     started = time.perf_counter()
     for k in (int(x) for x in args.groups.split(",")):
         runs: Dict[str, List[Dict]] = {"old": [], "new": []}
@@ -168,7 +191,6 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
-    return 0
 
 
 if __name__ == "__main__":

@@ -51,11 +51,15 @@ class PackedLayout(NamedTuple):
     engine makes one per time chunk, and per device, when a step starts):
     ``positions`` of :func:`sorted_layout` on the reading cell's device,
     the host ``batch_sizes`` and how many rows are ``running`` (the first
-    batch size), so that a cell neither recomputes nor validates them."""
+    batch size), so that a cell neither recomputes nor validates them;
+    ``full`` when every row of the batch runs through the whole width (a
+    batch of equal lengths, or an early time chunk), where the layer runs
+    on the batch-first rows as they are, without packing."""
 
     positions: Tensor
     batch_sizes: Tensor
     running: int
+    full: bool = False  # every row runs through the whole width: nothing to pack
 
 
 def pack_sorted(inputs: Tensor, lengths: Tensor, positions: Optional[Tensor] = None) -> Tuple[PackedSequence, Tensor]:

@@ -112,3 +112,21 @@ def test_micro_batches_are_staggered_into_the_wavefront(dictionaries):
                               lambda *a: (a[0].sum(),), 1, micro_batches=3)
     starts = sorted({cell.not_before for cell in built.step.cells})
     assert len(starts) == 3 and starts[0] == 0 and starts[1] > 0 and starts[2] == 2 * starts[1]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "model"])
+@pytest.mark.parametrize("count", [2, 4])
+def test_equal_source_lengths_run_unpacked_and_equal_one_device(count, mode, dictionaries, monkeypatch):
+    """Where every sentence runs through a whole time chunk (equal source
+    lengths here, or an early chunk), the encoder's cells run the LSTM on
+    the batch-first rows without packing; the step is the same."""
+    from fairseq_hybrid.harness import exactness
+    from fairseq_hybrid.models import lstm_stacks
+
+    monkeypatch.setattr(exactness, "SRC_LENGTHS", [8] * len(SRC_LENGTHS))
+    packed = []
+    real = lstm_stacks.lstm_packed
+    monkeypatch.setattr(lstm_stacks, "lstm_packed", lambda *args: packed.append(1) or real(*args))
+    check_equal(["cpu"] * count, mode, dictionaries)
+    # the single-device model packs (nn.LSTM on a PackedSequence, not lstm_packed); no cell of the group did
+    assert packed == []

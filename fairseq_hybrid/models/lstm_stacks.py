@@ -195,6 +195,9 @@ class LSTMEncoderStack(LayerFinishing, nn.Module):
         if layout is None:  # every row has ended before this chunk
             outputs = inputs.new_zeros(batch, width, hidden)
             h, c = state
+        elif layout.full:  # every row runs through the chunk: the rows as they are
+            outputs, h, c = lstm_padded(layer, inputs, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+            h, c = h.squeeze(0), c.squeeze(0)
         else:
             running = layout.running
             data = inputs.reshape(batch * width, inputs.size(2)).index_select(0, layout.positions)
@@ -251,10 +254,13 @@ class LSTMEncoderStack(LayerFinishing, nn.Module):
         if layout is None:
             packed_positions, batch_sizes = sorted_layout(sorted_lengths, width)
             layout = PackedLayout(packed_positions.to(inputs.device), batch_sizes, batch)
-        data = inputs.reshape(batch * width, inputs.size(2)).index_select(0, layout.positions)
-        zeros = data.new_zeros(1, batch, module.hidden_size)
-        data, h, c = lstm_packed(module, data, layout.batch_sizes, (zeros, zeros))
-        outputs = unpack_sorted(data, layout.positions, batch, width)
+        zeros = inputs.new_zeros(1, batch, module.hidden_size)
+        if layout.full:  # every row runs through the whole width: the rows as they are
+            outputs, h, c = lstm_padded(module, inputs, (zeros, zeros))
+        else:
+            data = inputs.reshape(batch * width, inputs.size(2)).index_select(0, layout.positions)
+            data, h, c = lstm_packed(module, data, layout.batch_sizes, (zeros, zeros))
+            outputs = unpack_sorted(data, layout.positions, batch, width)
         if reverse:
             outputs = outputs.gather(1, positions.unsqueeze(-1).expand_as(outputs))
         return outputs, h.squeeze(0), c.squeeze(0)

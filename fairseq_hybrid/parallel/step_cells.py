@@ -139,13 +139,15 @@ def _uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[Re
     return [ReplicaUse(replicas, worker, tuple(indices), home) for worker, indices in sorted(cells.items())]
 
 
-def _packed_layouts(lengths: Tensor, width: int, devices) -> Dict[torch.device, Optional[PackedLayout]]:
-    """The packed layout of rows of host ``lengths`` (sorted longest
-    first) on each of ``devices``; None on each where no row runs."""
+def _packed_layouts(lengths: Tensor, width: int, rows: int, devices) -> Dict[torch.device, Optional[PackedLayout]]:
+    """The packed layout of the running rows of host ``lengths`` (sorted
+    longest first) among ``rows`` on each of ``devices``; None on each
+    where no row runs."""
     if not len(lengths):
         return {device: None for device in devices}
     positions, batch_sizes = sorted_layout(lengths, width)
-    return {device: PackedLayout(on_device, batch_sizes, len(lengths))
+    full = len(lengths) == rows and int(lengths[-1]) == width
+    return {device: PackedLayout(on_device, batch_sizes, len(lengths), full)
             for device, on_device in to_devices(positions, devices).items()}
 
 
@@ -186,9 +188,10 @@ class _Batch:
         # The packed layout of the encoder's rows, whole (the directions of a
         # bidirectional layer) and per time chunk (the rows still running),
         # sent with the batch: one gather per cell instead of a copy per step.
-        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, devices)
+        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices)
         self.chunk_layouts = [_packed_layouts(chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start),
-                                             chunk.stop - chunk.start, devices) for chunk in self.source_chunks]
+                                             chunk.stop - chunk.start, self.rows, devices)
+                              for chunk in self.source_chunks]
         padding_mask = src_tokens.eq(encoder.padding_idx)
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
