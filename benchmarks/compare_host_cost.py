@@ -106,6 +106,30 @@ def suite_rows(trees: Dict[str, str], data: str, k: int, rounds: int, batches: i
     return row
 
 
+def median_report(runs: Dict[int, List[Dict]]) -> Dict:
+    """One ``bench_host_cost.py`` report of a checkout from its runs (by
+    K): each K's row and the shares per op the medians over the rounds,
+    for the simulator (``fair_race.py --host-cost``) to read both versions
+    as measured side by side."""
+    first = runs[min(runs)][0]
+    report = {key: value for key, value in first.items() if key not in ("rows", "op_us", "lstm_kernel_share_k1_whole")}
+    every = [report_ for reports in runs.values() for report_ in reports]
+    report["op_us"] = statistics.median(r["op_us"] for r in every)
+    report["lstm_kernel_share_k1_whole"] = {phase: statistics.median(r["lstm_kernel_share_k1_whole"][phase]
+                                                                     for r in every)
+                                            for phase in first["lstm_kernel_share_k1_whole"]}
+    report["rows"] = []
+    for k, reports in sorted(runs.items()):
+        rows = [r["rows"][0] for r in reports]
+        report["rows"].append({
+            "k": k, "chunk_length": 0, "cells_per_step": rows[0]["cells_per_step"],
+            "step_ms": statistics.median(row["step_ms"] for row in rows),
+            "cell_us": {key: statistics.median(row["cell_us"][key] for row in rows) for key in rows[0]["cell_us"]},
+            "outside_cells_us_per_cell": statistics.median(row["outside_cells_us_per_cell"] for row in rows)})
+    report["medians_of"] = f"{len(every)} runs of benchmarks/bench_host_cost.py, alternating with the other checkout"
+    return report
+
+
 def host_us(report: Dict) -> Dict[str, float]:
     """Each kind's forward + backward host time per cell call pair, the
     LSTM's without its kernel op's share."""
@@ -136,6 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--suite-rounds", type=int, default=3)
     parser.add_argument("--suite-batches", type=int, default=10)
     parser.add_argument("--json")
+    parser.add_argument("--reports", metavar="DIR", help="also write each checkout's medians as a bench_host_cost "
+                        "report, DIR/host_cost_old.json and DIR/host_cost_new.json (for fair_race.py --host-cost)")
     args = parser.parse_args(argv)
     if args.suite and not os.path.isfile(os.path.join(args.suite, "dict.ja.txt")):
         parser.error(f"--suite {args.suite}: not a binarized ja-en corpus (no dict.ja.txt)")
@@ -156,6 +182,7 @@ def main(argv=None) -> int:
 def compare(args, trees: Dict[str, str], old_name: str) -> None:
     results = {"old": old_name, "trees": trees, "rounds": args.rounds, "steps": args.steps, "cores": os.cpu_count(), "groups": {}}
     started = time.perf_counter()
+    every_run: Dict[str, Dict[int, List[Dict]]] = {"old": {}, "new": {}}
     for k in (int(x) for x in args.groups.split(",")):
         runs: Dict[str, List[Dict]] = {"old": [], "new": []}
         for round_ in range(args.rounds):
@@ -165,6 +192,7 @@ def compare(args, trees: Dict[str, str], old_name: str) -> None:
                   flush=True)
         row = {}
         for name in ("old", "new"):
+            every_run[name][k] = runs[name]
             per_run = [host_us(report) for report in runs[name]]
             row[name] = {
                 "host_us": {kind: statistics.median(r[kind] for r in per_run) for kind in KINDS},
@@ -185,6 +213,11 @@ def compare(args, trees: Dict[str, str], old_name: str) -> None:
             f"{row['new']['ops_per_cell'].get(kind, 0):.0f})" for kind in KINDS)
             + f", step {row['old']['step_ms']:.1f} -> {row['new']['step_ms']:.1f} ms ({row['ratio']['step']:.2f}x)",
             flush=True)
+    if args.reports:
+        os.makedirs(args.reports, exist_ok=True)
+        for name in ("old", "new"):
+            with open(os.path.join(args.reports, f"host_cost_{name}.json"), "w") as f:
+                json.dump(median_report(every_run[name]), f, indent=2)
     if args.suite:
         results["suite"] = suite_rows(trees, args.suite, args.suite_devices, args.suite_rounds, args.suite_batches,
                                       started)

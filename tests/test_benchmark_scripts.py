@@ -208,3 +208,38 @@ def test_bench_one_device_runs_the_baseline_from_its_own_tree(binarized, tmp_pat
     report = json.load(open(out))
     assert len(report["rounds"]) == 1 and report["rounds"][0]["baseline_ms"] > 0 and report["median_speedup"] > 0
     assert "median speed-up" in result.stdout
+
+
+def test_compare_host_cost_runs_two_checkouts(tmp_path):
+    """Old and new host time per cell in alternating runs: here this
+    checkout against its own HEAD (exported with git archive), one round."""
+    out = tmp_path / "compare.json"
+    result = run(sys.executable, os.path.join(BENCHMARKS, "compare_host_cost.py"), "--old", "HEAD", "--groups", "1",
+                 "--rounds", "1", "--steps", "1", "--json", out, timeout=300)
+    report = json.load(open(out))
+    row = report["groups"]["1"]
+    assert report["old"] == "HEAD" and report["trees"]["old"] != report["trees"]["new"]
+    for name in ("old", "new"):
+        assert row[name]["host_us"]["attention_softmax"] > 0 and row[name]["host_us"]["lstm"] > 0
+        assert row[name]["ops_per_cell"]["attention_softmax"] > 0
+    assert row["ratio"]["lstm"] > 0 and "K=1: attention_softmax" in result.stdout
+
+
+def test_compare_host_cost_refuses_what_is_not_a_revision(tmp_path):
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "compare_host_cost.py"), "--old",
+                             "no-such-revision"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "neither a directory nor a git revision" in result.stderr
+
+
+@pytest.mark.benchmark
+def test_compile_cell_smoke(tmp_path):
+    """torch.compile against eager for the attention-softmax cell, both
+    forms: per-call times, compile seconds, and the compiled loss within
+    rounding of eager's."""
+    out = tmp_path / "compile.json"
+    run(sys.executable, os.path.join(BENCHMARKS, "compile_cell.py"), "--repeats", "1", "--json", out, timeout=600)
+    report = json.load(open(out))
+    assert [row["cell"] for row in report["rows"]] == ["modules", "fused cell"]
+    for row in report["rows"]:
+        assert row["eager_us"] > 0 and row["compiled_us"] > 0 and row["compile_s"] > 0
+        assert row["relative_difference"] < 1e-4
