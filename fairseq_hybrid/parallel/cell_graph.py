@@ -2,7 +2,8 @@
 
 Every cell's autograd graph is cut at its inputs: a cell reads the outputs
 of earlier cells as fresh leaves, so its backward is a call of its own
-(``torch.autograd.backward`` on the cell's outputs) that its device's worker
+(autograd's engine on the cell's outputs, as
+``torch.autograd.backward`` runs it) that its device's worker
 runs.  This matters on CPU, where a single ``loss.backward()`` runs all
 backward work on the calling thread: with stage-local backward, K workers
 run the reverse wavefront on K cores (docs/design.md, "Stage-local
