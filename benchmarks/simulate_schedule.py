@@ -27,61 +27,33 @@ measured costs.
 import argparse
 import json
 import logging
-import time
 
 import torch
 
 from fairseq_hybrid.harness.measuring import batches, build, preset_args, suite_systems, train_steps
-from fairseq_hybrid.parallel import AUTO, build_plan, record_cell_times
+from fairseq_hybrid.parallel import AUTO, build_plan
 from fairseq_hybrid.planning.chunk_choice import ChunkLengthChooser
+from fairseq_hybrid.planning.cpu_calibration import fitted_cost
 from fairseq_hybrid.planning.gpu_costs import KINDS, PHASES, gpu_cost_model, predicted_step
 from fairseq_hybrid.planning.placement_search import best_placement
 from fairseq_hybrid.planning.twin_model import batch, twin_model
-from fairseq_hybrid.planning.schedule_simulator import CostModel, fit, samples_from_trace
+from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 MODES = ("hybrid", "model", "data")
 
 
 def calibrate(data, samples, arch, chunk_lengths=(0, 4), group_threads=2):
     """Fit a cost model to one CPU device running the engine, one thread,
-    on the batches whole and cut into short time chunks (cells of many
-    sizes, so rates, per-step and fixed costs can be told apart).
-
-    The time outside the cells (the optimizer, the step's assembly) is
-    measured twice: with one thread, as one device runs, and with
-    ``group_threads``, as the main thread of a group of CPU devices runs it
-    (the suite's groups keep the process's K intra-op threads there; each
-    worker takes one)."""
+    on the batches (the first two a warm-up), the time outside the cells
+    also with ``group_threads`` as a group's main thread runs it
+    (:func:`fairseq_hybrid.planning.cpu_calibration.fitted_cost`)."""
     torch.set_num_threads(1)
     task, model, criterion = build(data, preset_args(arch, "cpu"))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     train_steps(model, criterion, optimizer, samples[:2])
-    measured, overhead = [], None
-    for chunk_length in chunk_lengths:
-        model.hybrid_group.chunk_length = chunk_length
-        trace, step_overhead = timed_steps(model, criterion, optimizer, samples[2:])
-        measured += samples_from_trace(trace)
-        overhead = step_overhead if overhead is None else overhead
-    cost = fit(measured, step_overhead=overhead)
-    model.hybrid_group.chunk_length = chunk_lengths[0]
-    torch.set_num_threads(group_threads)
-    cost.group_step_overhead = timed_steps(model, criterion, optimizer, samples[2:])[1]
-    torch.set_num_threads(1)
-    cost.note = (f"fitted to {len(measured)} cell times of {arch} on one CPU device, one thread, "
-                 f"time chunks {', '.join(map(str, chunk_lengths))} (0: whole sequences); outside the cells "
-                 f"{overhead * 1000:.1f} ms a step with one thread, {cost.group_step_overhead * 1000:.1f} ms "
-                 f"with {group_threads} (a group's main thread)")
+    cost = fitted_cost(model, criterion, optimizer, samples[2:], chunk_lengths, threads=1,
+                       group_threads=group_threads, what=arch)
     return cost, model
-
-
-def timed_steps(model, criterion, optimizer, samples):
-    """The cells' times of training steps on ``samples`` and the seconds a
-    step spent outside them."""
-    start = time.perf_counter()
-    with record_cell_times() as trace:
-        train_steps(model, criterion, optimizer, samples)
-    wall = time.perf_counter() - start
-    return trace, (wall - sum(entry.end - entry.start for entry in trace)) / len(samples)
 
 
 def validation_system(name, row, k):

@@ -44,6 +44,8 @@ import time
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .plan_measure import MeasureError, devices_of
+
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
 COST_SETS = ("p100", "a100", "v100", "v100-pcie")
@@ -52,6 +54,10 @@ NO_DATA = "-"  # the data folder in a command planned without data
 # the options the printed command sets itself: the batch, the GPUs, the group's choices
 REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
                     "--update-freq", "--max-tokens", "--batch-size", "--distributed-world-size")
+# criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
+# group runs its cells through it, so the group's command takes it in their place
+GROUP_CRITERION = "hybrid_cross_entropy"
+SAME_LOSS = (GROUP_CRITERION, "cross_entropy", "label_smoothed_cross_entropy")
 HOST_COST = os.path.join(REPO, "docs", "bench", "host_cost.json")  # bench_host_cost.py on CPU, in a checkout
 
 
@@ -130,6 +136,9 @@ def group_sizes(args, gpus: int) -> List[int]:
     if not args.arch.startswith("hybrid_lstm"):
         raise PlanError(f"--arch {args.arch}: a hybrid group trains hybrid_lstm models (hybrid_lstm_base, "
                         "hybrid_lstm_paper, ...); fairseq's own architectures run on one GPU or under DDP only")
+    if args.criterion not in SAME_LOSS:
+        raise PlanError(f"--criterion {args.criterion}: a hybrid group runs its cells through --criterion "
+                        f"{GROUP_CRITERION} (cross-entropy, label-smoothed with --label-smoothing)")
     sizes = []
     for size in group_sizes_for(gpus):
         plan = plan_for(args, size)
@@ -168,18 +177,14 @@ def data_shape(args, count: int) -> Tuple[float, float, float]:
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
+    from ..planning.training_steps import command_batches
+
     cfg = quietly(convert_namespace_to_omegaconf, args)
     task = tasks.setup_task(cfg.task)
     task.load_dataset(cfg.dataset.train_subset)
-    epoch = task.get_batch_iterator(task.dataset(cfg.dataset.train_subset), max_tokens=args.max_tokens,
-                                    max_sentences=args.batch_size, max_positions=(1024, 1024),
-                                    ignore_invalid_inputs=True, seed=1)
-    iterator = quietly(lambda: epoch.next_epoch_itr(shuffle=True))  # torch: no accelerator to pin memory on
-    shapes = []
-    for _ in range(min(count, len(iterator))):
-        sample = quietly(next, iterator)
-        shapes.append((sample["net_input"]["src_tokens"].size(0), sample["net_input"]["src_tokens"].size(1),
-                       sample["target"].size(1)))
+    shapes = [(sample["net_input"]["src_tokens"].size(0), sample["net_input"]["src_tokens"].size(1),
+               sample["target"].size(1)) for sample in command_batches(task, args.max_tokens, args.batch_size, count,
+                                                                  subset=cfg.dataset.train_subset)]
     if not shapes:
         raise PlanError(f"{args.data}: no training batches at --max-tokens {args.max_tokens}")
     return tuple(sum(shape[i] for shape in shapes) / len(shapes) for i in range(3))
@@ -244,14 +249,14 @@ def plan(own, args, progress=print) -> Dict:
 
     load = workload(args, own)
     progress(f"[plan] global batch: {load.sentences} sentences ({load.where})")
-    costs = costs_for(own, load)
+    costs, rank_cost = own.cpu_costs if own.cpu_costs else (costs_for(own, load), None)
     started = time.time()
 
     def step_progress(text: str) -> None:
         progress(f"[plan] {text} ({time.time() - started:.0f} s so far)")
 
     rows = race(load.model, load.cfg, costs, own.gpus, load.sentences, load.source, load.target,
-                own.micro_batches, None, group_sizes=own.group_sizes, progress=step_progress)
+                own.micro_batches, None, group_sizes=own.group_sizes, progress=step_progress, rank_cost=rank_cost)
     tokens = load.sentences * (load.source + load.target)
     ddp = rows[1] if len(rows) > 1 else None
     table = []
@@ -259,7 +264,8 @@ def plan(own, args, progress=print) -> Dict:
         entry = row.as_dict(rows[0], ddp)
         entry["tokens_per_s"] = tokens / row.step.total
         table.append(entry)
-    return {"gpus": own.gpus, "cost_set": own.cost_set, "cost_file": own.cost_file, "measured_on": own.measured_on,
+    return {"gpus": own.gpus, "cost_set": None if own.cpu_costs else own.cost_set, "cost_file": own.cost_file,
+            "measured_on": own.measured_on, "calibration": own.calibration,
             "host_cost": own.host_cost, "sentences": load.sentences,
             "source": load.source, "target": load.target, "shape": load.where, "rows": table,
             "fastest": fastest(rows).name}
@@ -280,8 +286,15 @@ def without(train: List[str], names: Sequence[str]) -> List[str]:
     return out
 
 
-def command_for(row: Dict, train: List[str], args, sentences: int) -> str:
-    """The command line that runs ``row`` at the same global batch."""
+def with_group_criterion(train: List[str]) -> List[str]:
+    """``train`` with the criterion a group runs its cells through (the
+    same loss as the command's, :data:`SAME_LOSS`)."""
+    return without(train, ("--criterion",)) + ["--criterion", GROUP_CRITERION]
+
+
+def command_for(row: Dict, train: List[str], args, sentences: int, devices: Optional[Sequence[str]] = None) -> str:
+    """The command line that runs ``row`` at the same global batch (on
+    ``devices``; default the first GPUs)."""
     rest = ["DATA" if token == NO_DATA else token for token in without(train, REPLACED_OPTIONS)]
     per = row["sentences_per_group"]
     batch = (["--batch-size", str(per)] if args.batch_size or not args.max_tokens else
@@ -290,30 +303,43 @@ def command_for(row: Dict, train: List[str], args, sentences: int) -> str:
     if row["group_size"] == 1:
         world = ["--distributed-world-size", str(row["gpus"])] if row["gpus"] > 1 else []
         return shlex.join(["fairseq-train", *rest, *batch, *world])
+    rest = with_group_criterion(rest)
     group = ["--user-dir", os.path.join(REPO, "fairseq_hybrid")] if "--user-dir" not in train else []
     group += ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches", str(row["micro_batches"])]
     if row["placement"]:
         group += ["--hybrid-placement", row["placement"]]
     if row["groups"] == 1:
-        devices = ",".join(f"cuda:{i}" for i in range(row["group_size"]))
-        return shlex.join(["fairseq-train", *rest, *batch, "--hybrid-devices", devices, *group])
+        names = ",".join(devices[:row["group_size"]] if devices else [f"cuda:{i}" for i in range(row["group_size"])])
+        return shlex.join(["fairseq-train", *rest, *batch, "--hybrid-devices", names, *group])
+    kind = ["--device", "cpu"] if devices and devices[0] == "cpu" else []
     return shlex.join(["fairseq-hybrid-train", "--nproc-per-node", str(row["groups"]), "--devices-per-process",
-                       str(row["group_size"]), "--", *rest, *batch, *group])
+                       str(row["group_size"]), *kind, "--", *rest, *batch, *group])
 
 
-def report(result: Dict, train: List[str], args) -> str:
-    where = (f"the cost file {result['cost_file']} ({result['measured_on']})" if result.get("cost_file") else
-             f"{result['cost_set']} cost set (no two GPUs have run this code)")
-    lines = [f"Predicted on {result['gpus']} GPU(s), {where}, a global batch of {result['sentences']} sentences "
-             "a step:", "",
+def report(result: Dict, train: List[str], args, devices: Optional[Sequence[str]] = None) -> str:
+    if result.get("calibration"):
+        where = (f"{result['gpus']} CPU devices (a GPU below is one CPU device; one device runs with all "
+                 f"{result['gpus']} threads), priced with the cost model calibrated on this machine")
+    elif result.get("cost_file"):
+        where = f"{result['gpus']} GPU(s), the cost file {result['cost_file']} ({result['measured_on']})"
+    else:
+        where = f"{result['gpus']} GPU(s), {result['cost_set']} cost set (no two GPUs have run this code)"
+    lines = [f"Predicted on {where}, a global batch of {result['sentences']} sentences a step:", "",
              f"{'candidate':<28} {'per GPU/group':>13} {'tokens/s':>10} {'vs one GPU':>10} {'vs DDP':>7}"]
     for row in result["rows"]:
         mark = "  <- fastest" if row["name"] == result["fastest"] else ""
         vs_ddp = f"{row['vs_ddp']:.2f}" if "vs_ddp" in row else ""
         lines.append(f"{row['name']:<28} {row['sentences_per_group']:>13} {row['tokens_per_s']:>10,.0f} "
                      f"{row['speedup']:>9.2f}x {vs_ddp:>7}{mark}")
-    best = next(row for row in result["rows"] if row["name"] == result["fastest"])
-    lines += ["", "Run the fastest with:", "", "  " + command_for(best, train, args, result["sentences"])]
+    chosen = result["fastest"]
+    if result.get("measured"):
+        from .plan_measure import measured_lines
+
+        lines += [""] + measured_lines(result)
+        chosen = result["fastest_measured"]
+    best = next(row for row in result["rows"] if row["name"] == chosen)
+    lines += ["", f"Run the fastest{' measured' if result.get('measured') else ''} with:", "",
+              "  " + command_for(best, train, args, result["sentences"], devices)]
     return "\n".join(lines)
 
 
@@ -338,7 +364,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="fairseq-hybrid-plan", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpus", type=int, required=True, help="the GPUs you have (N)")
+    parser.add_argument("--gpus", type=int, default=None, help="the GPUs you have (N; with --measure, its devices)")
     parser.add_argument("--cost-set", default="a100", help=f"the GPUs' assumed costs: {', '.join(COST_SETS)} "
                         "(default a100)")
     parser.add_argument("--cost-file", default=None,
@@ -355,7 +381,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="SOURCE,TARGET tokens a sentence, without data in the command (default 50,50)")
     parser.add_argument("--vocabulary", type=int, default=32000,
                         help="vocabulary size, without data in the command (default 32000)")
-    parser.add_argument("--batches", type=int, default=50, help="training batches drawn to read the shape")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="training batches drawn to read the shape (default 50; with --measure 8, the batches "
+                        "each candidate is timed on)")
+    parser.add_argument("--measure", metavar="DEVICES", default=None,
+                        help="also run every candidate for --batches steps on these devices (cpu,cpu or "
+                        "cuda:0,cuda:1,...; as many as --gpus), --rounds times alternating, and print the measured "
+                        "tokens/s beside the prediction; on CPU devices the prediction is priced with a cost model "
+                        "measured first on this machine")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --measure (default 3)")
     parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4],
                         help="counts of micro-batches a group tries (default 1,2,4)")
     parser.add_argument("--json", help="also write the plan as JSON here")
@@ -365,8 +399,17 @@ def build_parser() -> argparse.ArgumentParser:
 def check_own(own) -> None:
     """Refuse bad options with one line; a cost file is registered as a set
     of its own and takes the place of ``--cost-set`` and ``--host-cost``."""
+    own.devices = devices_of(own.measure, own.gpus, PlanError) if own.measure is not None else None
+    if own.gpus is None:
+        if own.devices is None:
+            raise PlanError("--gpus N: the GPUs you have (or --measure DEVICES)")
+        own.gpus = len(own.devices)
     if own.gpus < 1:
         raise PlanError(f"--gpus {own.gpus}: at least 1")
+    if own.batches is None:
+        own.batches = 8 if own.devices else 50
+    if own.batches < 1 or own.rounds < 1:
+        raise PlanError(f"--batches {own.batches} --rounds {own.rounds}: at least 1 each")
     own.file_tokens_per_s, own.measured_on = None, ""
     if own.cost_file:
         from ..planning.cost_file import CostFileError, register
@@ -388,6 +431,29 @@ def check_own(own) -> None:
         raise PlanError("--one-device-tokens-per-s must be above 0")
 
 
+def measuring_setup(own, args, train: List[str], progress) -> List[str]:
+    """Refuse what ``--measure`` cannot time, and on CPU devices calibrate
+    the cost model the candidates are priced with; the user's command as
+    the candidates run it."""
+    from .plan_measure import SET_PER_CANDIDATE, calibrate
+
+    if not args.data:
+        raise PlanError("--measure trains on the command's data: give the data folder, not -")
+    if not os.path.isdir(args.data):
+        raise PlanError(f"{args.data}: no such data folder")
+    if args.update_freq and args.update_freq[0] > 1:
+        raise PlanError("--measure times one batch a step: give --update-freq 1 (and the global batch as "
+                        "--max-tokens or --batch-size)")
+    measured = without(train, SET_PER_CANDIDATE)
+    if own.devices[0] == "cpu":
+        from ..planning.cpu_calibration import cpu_costs
+
+        own.calibration = calibrate(measured, with_group_criterion(measured), own.devices, own.batches,
+                                    lambda text: progress(f"[measure] {text}"))
+        own.cpu_costs = cpu_costs(own.calibration)
+    return measured
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -399,11 +465,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_own(own)
         args = parse_training(train)
         own.group_sizes = group_sizes(args, own.gpus)
-        result = plan(own, args, progress=lambda text: print(text, file=sys.stderr, flush=True))
+        progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+        own.cpu_costs, own.calibration = None, None
+        if own.devices:
+            measured = measuring_setup(own, args, train, progress)
+        result = plan(own, args, progress=progress)
+        if own.devices:
+            from .plan_measure import measure
+
+            measure(result, measured, with_group_criterion(measured), own.devices, own.rounds, own.batches,
+                    lambda text: progress(f"[measure] {text}"))
     except PlanError as error:
         print(f"fairseq-hybrid-plan: {error}", file=sys.stderr)
         return 2
-    print(report(result, train, args))
+    except MeasureError as error:
+        print(f"fairseq-hybrid-plan: {error}", file=sys.stderr)
+        return 1
+    print(report(result, train, args, own.devices))
     if own.json:
         import json
 

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
-from fairseq import utils
+
+# the timed steps live with the plan's measuring, a product module; the benchmarks find them here too
+from ..planning.training_steps import backward_step, command_batches, on_device, synchronize, train_steps
 
 __all__ = [
     "USER_DIR", "COMMON", "SIZE", "NO_DATA", "read_args", "fairseq_lstm_args", "hybrid_lstm_args", "preset_args", "build",
     "task_of",
-    "batches", "on_device", "backward_step", "loss_and_grads", "train_steps", "synchronize", "System", "suite_systems", "write_report",
+    "batches", "command_batches", "on_device", "backward_step", "loss_and_grads", "train_steps", "synchronize", "System", "suite_systems", "write_report",
 ]
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fairseq_hybrid folder
@@ -134,23 +135,7 @@ def batches(task, max_tokens: int, count: int, max_positions=(64, 64)):
     return [next(iterator) for _ in range(count)]
 
 
-def on_device(sample, device):
-    """``sample`` with every tensor on ``device``, as fairseq's trainer puts
-    a batch on ``cuda:0`` (``utils.move_to_cuda``)."""
-    return utils.apply_to_sample(lambda tensor: tensor.to(device), sample)
-
-
 # -- one step ------------------------------------------------------------------------
-
-
-def backward_step(model, criterion, sample) -> Tuple[torch.Tensor, int, Dict]:
-    """What fairseq's ``train_step`` does before the optimizer: gradients
-    cleared, the criterion's loss, its backward divided by the sample size.
-    Returns the criterion's ``(loss, sample_size, logging)``."""
-    model.zero_grad(set_to_none=True)
-    loss, sample_size, logging = criterion(model, sample)
-    (loss / sample_size).backward()
-    return loss, sample_size, logging
 
 
 def loss_and_grads(model, criterion, sample) -> Tuple[torch.Tensor, Dict, Dict[str, torch.Tensor]]:
@@ -159,29 +144,6 @@ def loss_and_grads(model, criterion, sample) -> Tuple[torch.Tensor, Dict, Dict[s
     loss, _, logging = backward_step(model, criterion, sample)
     grads = {name: p.grad.detach().to("cpu").clone() for name, p in model.named_parameters() if p.grad is not None}
     return loss.detach().to("cpu"), logging, grads
-
-
-def synchronize(device) -> None:
-    """Wait for the kernels queued on ``device`` (nothing to wait for on CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "cpu"):
-    """fairseq-style training steps; returns (target tokens, seconds).  On a
-    CUDA ``device`` samples move there and the time includes the wait for
-    the queued kernels."""
-    model.train()
-    tokens = 0
-    start = time.perf_counter()
-    for sample in samples:
-        if torch.device(device).type == "cuda":
-            sample = on_device(sample, device)
-        backward_step(model, criterion, sample)
-        optimizer.step()
-        tokens += sample["ntokens"]
-    synchronize(device)
-    return tokens, time.perf_counter() - start
 
 
 # -- the systems of the benchmark suite ------------------------------------------------

@@ -144,7 +144,7 @@ def plan_for(cfg, k: int):
 def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int, target: int,
          micro_batch_counts: Sequence[int] = (1, 2, 4), lengths=None,
          group_sizes: Optional[Sequence[int]] = None, progress: Callable[[str], None] = lambda text: None,
-         memo: Optional[Dict] = None) -> List[Candidate]:
+         memo: Optional[Dict] = None, rank_cost: Optional[CostModel] = None) -> List[Candidate]:
     """Every candidate on ``gpus`` GPUs at a global batch of
     ``global_sentences`` sentences of ``source`` + ``target`` tokens: one
     GPU at the whole batch (the reference), DDP at ``global_sentences /
@@ -153,7 +153,10 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
     ``global_sentences * K / gpus`` (one group of all GPUs when K =
     ``gpus``).  A size whose share is not a whole number of sentences, or
     that the model has too few layers for, is left out.  ``memo`` keeps groups priced by (K, sentences) across calls
-    (the same group appears in several rows)."""
+    (the same group appears in several rows).  ``rank_cost``: one DDP
+    rank's cost model where it is not one device's (CPU devices, where a
+    rank runs beside the others and one device alone has every core), its
+    link also pricing the groups' all-reduce."""
     memo = {} if memo is None else memo
     model_bytes = gradient_bytes(model)
     one_cost = costs(1)[1]
@@ -164,9 +167,10 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
         return rows
     if global_sentences % gpus == 0:
         per_gpu = global_sentences // gpus
-        alone = predicted_step(model, cfg, 1, "hybrid", one_cost, *uniform_batch(per_gpu, source, target))
+        rank = rank_cost or one_cost
+        alone = predicted_step(model, cfg, 1, "hybrid", rank, *uniform_batch(per_gpu, source, target))
         rows.append(Candidate(f"DDP on {gpus}", gpus, 1, gpus, per_gpu,
-                              data_parallel_step(alone, model_bytes, gpus, one_cost)))
+                              data_parallel_step(alone, model_bytes, gpus, rank)))
     for k in group_sizes if group_sizes is not None else group_sizes_for(gpus):
         if gpus % k or (global_sentences * k) % gpus or plan_for(cfg, k) is None:
             continue
@@ -183,7 +187,7 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
             rows.append(Candidate(f"one group of {k}", gpus, k, 1, sentences, group["step"], chosen(group)))
         else:
             owned = max(owned_bytes(model, cfg, k, group["placement"]))
-            step = data_parallel_step(group["step"], owned, groups, group_cost)
+            step = data_parallel_step(group["step"], owned, groups, rank_cost or group_cost)
             rows.append(Candidate(f"{groups} groups of {k} under DDP", gpus, k, groups, sentences, step,
                                   chosen(group)))
     return rows

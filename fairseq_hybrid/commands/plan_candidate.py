@@ -1,0 +1,299 @@
+"""One candidate of ``fairseq-hybrid-plan --measure``, timed in a process
+of its own (the benchmark suite's way: a fresh process per run, so one
+run's threads, allocator and caches do not carry into the next)::
+
+    python -m fairseq_hybrid.commands.plan_candidate '{"kind": "group", ...}'
+
+prints ``RESULT {...}``: the seconds and the padded tokens (sentences
+times source plus target width, as the plan counts them) of the timed
+steps.  Every candidate trains the model of the user's fairseq-train
+command on the same batches: the first ``batches`` that fairseq's sampler
+draws for that command (seed 1), the batches the plan reads its shape
+from, after ``warmup`` untimed steps on the first of them, with Adam.
+
+Kinds:
+
+* ``one``: the model on one device, ``threads`` intra-op threads (on CPU
+  devices all of them: the other way to use the cores).
+* ``group``: one hybrid group of the devices, with the chunk length,
+  micro-batches and placement the plan chose for it.
+* ``ranks``: ``ranks`` processes (gloo on CPU, NCCL on CUDA), each training
+  its share of every batch's sentences, so that the global batch stays the
+  user's: plain DDP where a rank has one device (PyTorch's
+  DistributedDataParallel, fairseq's default), groups under DDP where it
+  has several (the gradients all-reduced after the backward pass, as
+  fairseq's ``legacy_ddp`` does for groups).
+* ``calibrate`` (CPU devices): the cost model the plan prices CPU devices
+  with, measured here (:mod:`fairseq_hybrid.planning.cpu_calibration`) on
+  other batches (seed 2) than the ones timed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from typing import Dict, List, Sequence
+
+import torch
+
+from ..planning.training_steps import command_batches, train_steps
+
+__all__ = ["build", "rows_of", "padded_tokens", "main"]
+
+REDUCE_BUCKET_BYTES = 25 * 2 ** 20  # DistributedDataParallel's bucket_cap_mb default
+
+
+def build(train: List[str], devices: Sequence[str], group: Dict = None):
+    """Task (train split loaded), model (seed 1) and criterion of the user's
+    command on ``devices``: one device, or a hybrid group with ``group``'s
+    choices."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from .. import models  # noqa: F401  (registers hybrid_lstm)
+
+    args = list(train)
+    if all(device == "cpu" for device in devices):
+        args.append("--cpu")
+    if len(devices) > 1 or group:
+        group = group or {}
+        args += ["--hybrid-devices", ",".join(devices),
+                 "--hybrid-chunk-length", str(group.get("chunk_length", 0)),
+                 "--hybrid-micro-batches", str(group.get("micro_batches", 1))]
+        if group.get("placement"):
+            args += ["--hybrid-placement", group["placement"]]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), args))
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset(cfg.dataset.train_subset)
+    torch.manual_seed(1)
+    model = task.build_model(cfg.model)
+    if len(devices) == 1 and not group and devices[0] != "cpu":
+        model = model.to(devices[0])
+    return task, cfg, model, task.build_criterion(cfg.criterion)
+
+
+def drawn(task, cfg, count: int, seed: int = 1):
+    return command_batches(task, cfg.dataset.max_tokens, cfg.dataset.batch_size, count, seed,
+                           cfg.dataset.train_subset)
+
+
+def rows_of(sample: Dict, start: int, stop: int, pad: int) -> Dict:
+    """Sentences ``start:stop`` of a fairseq batch, its counts redone."""
+    rows = sample["target"].size(0)
+
+    def cut(value):
+        if isinstance(value, dict):
+            return {key: cut(item) for key, item in value.items()}
+        if torch.is_tensor(value) and value.dim() > 0 and value.size(0) == rows:
+            return value[start:stop]
+        return value
+
+    out = cut(sample)
+    out["nsentences"] = stop - start
+    out["ntokens"] = int(out["target"].ne(pad).sum())
+    return out
+
+
+def padded_tokens(samples: Sequence[Dict]) -> int:
+    """Sentences times source plus target width, summed: the plan's count."""
+    return sum(s["target"].size(0) * (s["net_input"]["src_tokens"].size(1) + s["target"].size(1)) for s in samples)
+
+
+def timed(model, criterion, optimizer, samples, warmup: int, device: str) -> float:
+    train_steps(model, criterion, optimizer, samples[:warmup], device)
+    return train_steps(model, criterion, optimizer, samples, device)[1]
+
+
+def run_one(spec: Dict) -> Dict:
+    torch.set_num_threads(spec["threads"])
+    task, cfg, model, criterion = build(spec["train"], spec["devices"][:1])
+    samples = drawn(task, cfg, spec["batches"])
+    device = spec["devices"][0]
+    seconds = timed(model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3), samples, spec["warmup"], device)
+    return {"seconds": seconds, "tokens": padded_tokens(samples), "steps": len(samples)}
+
+
+def run_group(spec: Dict) -> Dict:
+    torch.set_num_threads(spec["threads"])
+    task, cfg, model, criterion = build(spec["train"], spec["devices"], spec["group"])
+    samples = drawn(task, cfg, spec["batches"])
+    device = spec["devices"][0]  # fairseq's trainer puts a batch on the first GPU; the group takes it from there
+    seconds = timed(model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3), samples, spec["warmup"], device)
+    return {"seconds": seconds, "tokens": padded_tokens(samples), "steps": len(samples)}
+
+
+class ReducedBeforeStep:
+    """An optimizer that sums the gradients over the ranks before its step,
+    a flat buffer per device (fairseq's ``legacy_ddp``: after the whole
+    backward pass, in one go)."""
+
+    def __init__(self, optimizer, parameters):
+        self.optimizer, self.parameters = optimizer, list(parameters)
+
+    def step(self):
+        import torch.distributed as dist
+
+        by_device: Dict[torch.device, List[torch.Tensor]] = {}
+        for parameter in self.parameters:
+            if parameter.grad is not None:
+                by_device.setdefault(parameter.grad.device, []).append(parameter.grad)
+        for grads in by_device.values():
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                grad.copy_(reduced)
+        self.optimizer.step()
+
+
+def rank_process(rank: int, spec: Dict, results) -> None:
+    """One rank of a ``ranks`` candidate."""
+    import torch.distributed as dist
+
+    ranks = spec["ranks"]
+    per = len(spec["devices"]) // ranks
+    mine = spec["devices"][rank * per:(rank + 1) * per]
+    cuda = mine[0].startswith("cuda")
+    torch.set_num_threads(spec["threads"])
+    if cuda:
+        torch.cuda.set_device(torch.device(mine[0]))
+    # a bounded wait: a rank that dies ends the run with an error instead of leaving the others blocked
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
+                            world_size=ranks, timeout=datetime.timedelta(minutes=5))
+    task, cfg, model, criterion = build(spec["train"], mine, spec["group"] if per > 1 else None)
+    pad = task.target_dictionary.pad()
+    samples = []
+    for sample in drawn(task, cfg, spec["batches"]):
+        rows = sample["target"].size(0)
+        samples.append(rows_of(sample, rank * rows // ranks, (rank + 1) * rows // ranks, pad))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    device = mine[0]
+    if per == 1:
+        class LossOf(torch.nn.Module):
+            """The criterion's loss as a module's forward, so that DDP sees the step."""
+
+            def __init__(self):
+                super().__init__()
+                self.model, self.criterion = model, criterion
+
+            def forward(self, sample):
+                return self.criterion(self.model, sample)
+
+        wrapped = torch.nn.parallel.DistributedDataParallel(LossOf(), device_ids=[mine[0]] if cuda else None)
+        loss = lambda _, sample: wrapped(sample)  # noqa: E731  (DDP stands in for the criterion)
+    else:
+        loss, optimizer = criterion, ReducedBeforeStep(optimizer, model.parameters())
+    train_steps(model, loss, optimizer, samples[:spec["warmup"]], device)
+    dist.barrier()
+    start = time.perf_counter()
+    train_steps(model, loss, optimizer, samples, device)
+    dist.barrier()
+    results.put((rank, time.perf_counter() - start, padded_tokens(samples)))
+    dist.destroy_process_group()
+
+
+def run_ranks(spec: Dict) -> Dict:
+    import torch.multiprocessing as mp
+
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(rank_process, args=(spec, results), nprocs=spec["ranks"])
+    rows = [results.get() for _ in range(spec["ranks"])]
+    return {"seconds": max(row[1] for row in rows), "tokens": sum(row[2] for row in rows), "steps": spec["batches"]}
+
+
+def reduce_process(rank: int, ranks: int, nbytes: int, port: int, results) -> None:
+    """Time gloo's all-reduce of ``nbytes`` in DDP's buckets between ``ranks``
+    processes, nothing else running (median of 5 after a warm-up)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
+                            timeout=datetime.timedelta(minutes=5))
+    buckets = max(1, math.ceil(nbytes / REDUCE_BUCKET_BYTES))
+    pieces = [torch.ones(nbytes // 4 // buckets) for _ in range(buckets)]
+    times = []
+    for _ in range(6):
+        dist.barrier()
+        start = time.perf_counter()
+        for piece in pieces:
+            dist.all_reduce(piece)
+        times.append(time.perf_counter() - start)
+    results.put(statistics.median(times[1:]))
+    dist.destroy_process_group()
+
+
+def run_calibrate(spec: Dict) -> Dict:
+    """The plan's cost model of this machine's CPU devices, on other batches
+    than the timed ones: the engine's cells on one device fitted with one
+    thread (the main thread of a group's time outside the cells measured
+    with K); the model as one device and DDP's ranks run it (fairseq's
+    modules, no engine) timed with one thread and with all K, against the
+    engine; each device's slowdown when K such copies train at once; gloo's
+    all-reduce of the model's gradients between K processes."""
+    import torch.multiprocessing as mp
+
+    from ..planning.cpu_calibration import fitted_cost, ring_bandwidth
+    from ..planning.data_parallel_cost import gradient_bytes
+
+    k = len(spec["devices"])
+    say = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731
+    task, cfg, engine, criterion = build(spec["train"], ["cpu"], {"chunk_length": 0})
+    plain = [build(spec["plain_train"], ["cpu"])[2:] for _ in range(k)]
+    samples = drawn(task, cfg, spec["batches"] + 1, seed=2)
+    warm, samples = samples[:1], samples[1:]
+    optimizer = torch.optim.Adam(engine.parameters(), lr=1e-3)
+    optimizers = [torch.optim.Adam(model.parameters(), lr=1e-3) for model, _ in plain]
+    torch.set_num_threads(1)
+    train_steps(engine, criterion, optimizer, warm)
+    for (model, loss), each in zip(plain, optimizers):
+        train_steps(model, loss, each, warm)
+    say("the engine's cells with one thread")
+    one = fitted_cost(engine, criterion, optimizer, samples, threads=1, group_threads=k,
+                      what="the command's model")
+    engine_seconds = train_steps(engine, criterion, optimizer, samples)[1]
+    say(f"the model without the engine with 1 and {k} threads, {k} copies at once")
+    alone = train_steps(*plain[0], optimizers[0], samples)[1]
+    torch.set_num_threads(k)
+    all_threads = train_steps(*plain[0], optimizers[0], samples)[1]
+    together = [0.0] * k
+
+    def work(index):
+        torch.set_num_threads(1)  # OpenMP's thread count is each thread's own: a new thread starts with all cores
+        together[index] = train_steps(*plain[index], optimizers[index], samples)[1]
+
+    pool = [threading.Thread(target=work, args=(index,)) for index in range(k)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    say(f"gloo's all-reduce between {k} processes")
+    nbytes = int(gradient_bytes(engine))
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(reduce_process, args=(k, nbytes, spec["port"], results), nprocs=k)
+    reduce_seconds = max(results.get() for _ in range(k))
+    return {"one_thread": one.__dict__, "engine_seconds": engine_seconds, "plain_seconds": alone,
+            "plain_all_threads_seconds": all_threads, "together_seconds": together,
+            "slowdown": statistics.mean(together) / alone, "threads": k,
+            "reduce_bytes": nbytes, "reduce_seconds": reduce_seconds,
+            "reduce_bandwidth": ring_bandwidth(nbytes, k, reduce_seconds) if k > 1 else float("inf"),
+            "batches": len(samples)}
+
+
+RUNS = {"one": run_one, "group": run_group, "ranks": run_ranks, "calibrate": run_calibrate}
+
+
+def main(argv=None) -> int:
+    import logging
+
+    logging.disable(logging.WARNING)
+    spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    print("RESULT " + json.dumps(RUNS[spec["kind"]](spec)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""``fairseq-hybrid-plan --measure DEVICES``: every candidate the plan
+priced, run for a few steps on the devices at hand and timed beside its
+prediction: the truth on the user's own machine, GPUs included, where no
+one else can measure.
+
+Each (round, candidate) runs in a fresh process
+(:mod:`fairseq_hybrid.commands.plan_candidate`), the candidates one after
+another and the rounds alternating, so that a machine whose speed drifts
+slows all of them alike; a candidate's figure is the median of its
+rounds.  All of them train the user's model on the same batches (the
+ones the plan read its shape from), at the user's global batch: DDP's
+ranks and the groups under DDP each take their share of every batch's
+sentences.
+
+On CPU devices the prediction is priced with a cost model measured first
+on this machine (one device's cells with one thread and with all of
+them, the slowdown of K devices at once, gloo's all-reduce;
+:mod:`fairseq_hybrid.planning.cpu_calibration`), on other batches than
+the timed ones; on CUDA devices with the cost set or cost file given.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+__all__ = ["MeasureError", "devices_of", "runner_command", "calibrate", "measure", "measured_lines"]
+
+# the options the candidates set themselves (the batch is the user's, split by rows for DDP's ranks)
+SET_PER_CANDIDATE = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
+                     "--distributed-world-size", "--cpu")
+WARMUP = 2  # untimed steps before the timed ones
+RUN_TIMEOUT_S = 1800
+
+
+class MeasureError(RuntimeError):
+    """A measuring run failed (not the user's input): its tail and exit status 1."""
+
+
+def devices_of(text: str, gpus: Optional[int], error: Callable[[str], Exception]) -> List[str]:
+    """The devices ``--measure`` names (``cpu,cpu`` or ``cuda:0,cuda:1``),
+    each there, all of one kind, as many as ``--gpus``."""
+    import torch
+
+    devices = [device.strip() for device in text.split(",") if device.strip()]
+    if not devices:
+        raise error(f"--measure {text!r}: name the devices, e.g. cpu,cpu or cuda:0,cuda:1")
+    kinds = set()
+    for index, device in enumerate(devices):
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            raise error(f"--measure: {device!r} is not a device (cpu or cuda:N)") from None
+        kinds.add(parsed.type)
+        if parsed.type == "cuda":
+            there = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            number = parsed.index if parsed.index is not None else index
+            if number >= there:
+                raise error(f"--measure: {device} is not there (this machine has {there} CUDA device(s))")
+            devices[index] = f"cuda:{number}"
+        elif parsed.type != "cpu":
+            raise error(f"--measure: {device}: the plan measures on cpu or cuda devices")
+    if len(kinds) > 1:
+        raise error(f"--measure {text}: all devices of one kind (cpu or cuda)")
+    if devices[0].startswith("cuda") and len(set(devices)) < len(devices):
+        raise error(f"--measure {text}: each GPU once")
+    if gpus is not None and gpus != len(devices):
+        raise error(f"--gpus {gpus} but --measure names {len(devices)} device(s)")
+    return devices
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def runner_command(spec: Dict) -> List[str]:
+    return [sys.executable, "-m", "fairseq_hybrid.commands.plan_candidate", json.dumps(spec)]
+
+
+def run(spec: Dict, what: str) -> Dict:
+    """One run in a fresh process; its RESULT."""
+    spec = dict(spec, port=free_port())
+    try:
+        done = subprocess.run(runner_command(spec), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired as timeout:
+        raise MeasureError(f"{what}: no result within {RUN_TIMEOUT_S} s") from timeout
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise MeasureError(f"{what} failed (exit status {done.returncode}):\n{tail}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def calibrate(train: List[str], group_train: List[str], devices: Sequence[str], batches: int,
+              progress: Callable[[str], None]) -> Dict:
+    """This machine's CPU cost model, measured in a process of its own
+    (``group_train``: the command with the group's criterion, whose cells
+    are fitted; ``train``: the command as one device runs it)."""
+    progress(f"calibrating {len(devices)} CPU devices on {batches} other batches (the engine's cells, the model "
+             f"with 1 and {len(devices)} threads, {len(devices)} copies at once, gloo's all-reduce)")
+    started = time.time()
+    calibration = run({"kind": "calibrate", "train": group_train, "plain_train": train, "devices": list(devices),
+                       "batches": batches}, "the calibration")
+    progress(f"calibrated in {time.time() - started:.0f} s: slowdown {calibration['slowdown']:.3f} with all "
+             f"devices busy, all-reduce of {calibration['reduce_bytes'] / 2 ** 20:.0f} MiB in "
+             f"{calibration['reduce_seconds'] * 1e3:.0f} ms")
+    return calibration
+
+
+def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int, group_train: List[str]) -> Dict:
+    """How to run a row of the plan on ``devices``: one device and DDP with
+    the user's command, groups with ``group_train`` (the group's criterion
+    in place of the command's)."""
+    cpu = devices[0] == "cpu"
+    group = {key: row.get(key) for key in ("chunk_length", "micro_batches", "placement")}
+    spec = {"train": group_train, "batches": batches, "warmup": WARMUP, "group": group}
+    if row["group_size"] == 1:
+        spec.update(train=train, group=None)
+    if row["group_size"] == 1 and row["groups"] == 1:
+        # one device; on CPU devices with every core (the other way to use them)
+        return dict(spec, kind="one", devices=list(devices[:1]), threads=len(devices) if cpu else 1)
+    if row["groups"] == 1:
+        return dict(spec, kind="group", devices=list(devices[:row["group_size"]]), threads=row["group_size"])
+    return dict(spec, kind="ranks", devices=list(devices[:row["gpus"]]), ranks=row["groups"],
+                threads=row["group_size"])
+
+
+def measure(result: Dict, train: List[str], group_train: List[str], devices: Sequence[str], rounds: int,
+            batches: int, progress: Callable[[str], None]) -> None:
+    """Run every row of ``result`` ``rounds`` times, alternating, and put
+    its measured tokens/s (median, lowest, highest) and its ratio to the
+    prediction in the row; ``result['fastest_measured']`` names the
+    fastest by median."""
+    started = time.time()
+    readings: Dict[str, List[float]] = {row["name"]: [] for row in result["rows"]}
+    for round_index in range(rounds):
+        for row in result["rows"]:
+            one = run(spec_for(row, train, devices, batches, group_train), f"{row['name']} (round {round_index + 1})")
+            readings[row["name"]].append(one["tokens"] / one["seconds"])
+            progress(f"round {round_index + 1}/{rounds}: {row['name']}: {readings[row['name']][-1]:,.0f} tokens/s "
+                     f"measured ({time.time() - started:.0f} s so far)")
+    for row in result["rows"]:
+        values = readings[row["name"]]
+        row["measured_tokens_per_s"] = statistics.median(values)
+        row["measured_rounds"] = values
+        row["measured_vs_predicted"] = row["measured_tokens_per_s"] / row["tokens_per_s"]
+    result["fastest_measured"] = max(result["rows"], key=lambda row: row["measured_tokens_per_s"])["name"]
+    result["measured"] = {"devices": list(devices), "rounds": rounds, "batches": batches, "warmup": WARMUP}
+
+
+def measured_lines(result: Dict) -> List[str]:
+    """The table of prediction and measurement, side by side."""
+    where = result["measured"]["devices"]
+    lines = [f"Measured on {','.join(where)}: {result['measured']['rounds']} rounds of {result['measured']['batches']} "
+             f"timed steps each (after {result['measured']['warmup']}), every candidate in a fresh process per round, "
+             "the median:", "",
+             f"{'candidate':<28} {'predicted':>10} {'measured':>10} {'lowest-highest':>17} {'measured/predicted':>19}"]
+    for row in result["rows"]:
+        mark = "  <- fastest measured" if row["name"] == result["fastest_measured"] else ""
+        span = f"{min(row['measured_rounds']):,.0f}-{max(row['measured_rounds']):,.0f}"
+        lines.append(f"{row['name']:<28} {row['tokens_per_s']:>10,.0f} {row['measured_tokens_per_s']:>10,.0f} "
+                     f"{span:>17} {row['measured_vs_predicted']:>19.2f}{mark}")
+    return lines

@@ -1,0 +1,69 @@
+"""fairseq-style training steps, timed, on the batches a fairseq-train
+command draws: what ``fairseq-hybrid-plan --measure`` runs and calibrates
+with, and what every benchmark under ``benchmarks/`` times (the harness
+re-exports them)."""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from fairseq import utils
+
+__all__ = ["command_batches", "on_device", "backward_step", "synchronize", "train_steps"]
+
+
+def command_batches(task, max_tokens: Optional[int], batch_size: Optional[int], count: int, seed: int = 1,
+                    subset: str = "train") -> List:
+    """The first ``count`` training batches fairseq's sampler draws for a
+    command's ``--max-tokens`` and ``--batch-size`` (shuffled with
+    ``seed``): what ``fairseq-hybrid-plan`` reads the batch's shape from and
+    what its ``--measure`` trains on."""
+    import warnings
+
+    epoch = task.get_batch_iterator(task.dataset(subset), max_tokens=max_tokens, max_sentences=batch_size,
+                                    max_positions=(1024, 1024), ignore_invalid_inputs=True, seed=seed)
+    with warnings.catch_warnings():  # torch: no accelerator to pin memory on
+        warnings.simplefilter("ignore")
+        iterator = epoch.next_epoch_itr(shuffle=True)
+        return [next(iterator) for _ in range(min(count, len(iterator)))]
+
+
+def on_device(sample, device):
+    """``sample`` with every tensor on ``device``, as fairseq's trainer puts
+    a batch on ``cuda:0`` (``utils.move_to_cuda``)."""
+    return utils.apply_to_sample(lambda tensor: tensor.to(device), sample)
+
+
+def backward_step(model, criterion, sample) -> Tuple[torch.Tensor, int, Dict]:
+    """What fairseq's ``train_step`` does before the optimizer: gradients
+    cleared, the criterion's loss, its backward divided by the sample size.
+    Returns the criterion's ``(loss, sample_size, logging)``."""
+    model.zero_grad(set_to_none=True)
+    loss, sample_size, logging = criterion(model, sample)
+    (loss / sample_size).backward()
+    return loss, sample_size, logging
+
+
+def synchronize(device) -> None:
+    """Wait for the kernels queued on ``device`` (nothing to wait for on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "cpu"):
+    """fairseq-style training steps; returns (target tokens, seconds).  On a
+    CUDA ``device`` samples move there and the time includes the wait for
+    the queued kernels."""
+    model.train()
+    tokens = 0
+    start = time.perf_counter()
+    for sample in samples:
+        if torch.device(device).type == "cuda":
+            sample = on_device(sample, device)
+        backward_step(model, criterion, sample)
+        optimizer.step()
+        tokens += sample["ntokens"]
+    synchronize(device)
+    return tokens, time.perf_counter() - start

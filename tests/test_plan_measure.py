@@ -1,0 +1,137 @@
+"""fairseq-hybrid-plan --measure: every candidate run on the devices at
+hand beside its prediction; on CPU devices the prediction priced with a
+cost model calibrated in the same run, through race() (one code path);
+DDP's ranks on their share of each batch; devices that are not there and
+commands it cannot time refused in one line with exit status 2."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from conftest import BIN
+from fairseq_hybrid.commands import plan
+from fairseq_hybrid.commands.plan_candidate import padded_tokens, rows_of
+from fairseq_hybrid.planning.cpu_calibration import cpu_costs, ring_bandwidth, scaled
+from fairseq_hybrid.planning.data_parallel_cost import ring_allreduce_seconds
+from fairseq_hybrid.planning.race import race
+from fairseq_hybrid.planning.schedule_simulator import CostModel
+
+TINY = ["--arch", "hybrid_lstm_tiny", "--max-tokens", "400", "--source-lang", "ja", "--target-lang", "en"]
+
+
+def test_a_rank_takes_its_rows_of_the_batch():
+    pad = 1
+    target = torch.tensor([[5, 6, 2], [7, 2, pad], [8, 2, pad], [9, 9, 2]])
+    sample = {"id": torch.arange(4), "nsentences": 4, "ntokens": 10, "target": target,
+              "net_input": {"src_tokens": torch.arange(12).view(4, 3), "src_lengths": torch.tensor([3, 3, 2, 2]),
+                            "prev_output_tokens": target.roll(1, 1)}}
+    half = rows_of(sample, 2, 4, pad)
+    assert half["id"].tolist() == [2, 3] and half["nsentences"] == 2 and half["ntokens"] == 5
+    assert torch.equal(half["net_input"]["src_tokens"], sample["net_input"]["src_tokens"][2:])
+    assert half["net_input"]["src_lengths"].tolist() == [2, 2]
+    assert padded_tokens([rows_of(sample, 0, 2, pad), half]) == padded_tokens([sample]) == 4 * 6
+
+
+def test_the_calibrated_costs_price_ranks_and_links_as_measured():
+    """A group has the engine's fitted cells, slowed as when all devices
+    run; one device (all threads) and a rank (one thread) run the model
+    without the engine, priced as the engine's step times their measured
+    time over the engine's, a rank's cells also slowed; gloo's measured
+    all-reduce gives the link back."""
+    engine = CostModel(rates={"lstm/forward": 1e9}, fixed={"lstm/forward": 1e-3}, per_step={"lstm/forward": 1e-4},
+                       step_overhead=0.05, group_step_overhead=0.04)
+    costs, rank = cpu_costs({"one_thread": engine.__dict__, "engine_seconds": 10.0, "plain_seconds": 8.0,
+                             "plain_all_threads_seconds": 5.0, "slowdown": 1.25, "reduce_bandwidth": 3e9})
+    group, alone = costs(2)
+    assert group.slowdown == 1.25 and group.rates == engine.rates and group.group_step_overhead == 0.04
+    assert alone.rates["lstm/forward"] == pytest.approx(2e9) and alone.step_overhead == pytest.approx(0.025)
+    assert rank.rates["lstm/forward"] == pytest.approx(1e9 / 0.8 / 1.25) and rank.step_overhead == pytest.approx(0.04)
+    assert rank.fixed["lstm/forward"] == pytest.approx(1e-3) and rank.per_step["lstm/forward"] == pytest.approx(1e-4)
+    assert rank.slowdown == 1.0 and rank.group_step_overhead is None and rank.link_bandwidth == 3e9
+    assert scaled(engine, 2.0).rates["lstm/forward"] == 0.5e9 and engine.rates["lstm/forward"] == 1e9  # a copy
+    assert scaled(engine, 2.0).step_overhead == 0.05 and scaled(engine, 2.0, outside_cells=True).step_overhead == 0.1
+    link = CostModel(link_bandwidth=ring_bandwidth(40e6, 4, 0.03))
+    assert ring_allreduce_seconds(40e6, 4, link) == pytest.approx(0.03)
+
+
+def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_path, capsys):
+    """Two CPU devices: one device with both threads, DDP over gloo, a
+    group; each measured in one round and set beside its prediction, which
+    is race()'s under the calibration the run measured."""
+    out = tmp_path / "measured.json"
+    data = str(binarized / "bin")
+    code = plan.main(["--measure", "cpu,cpu", "--batches", "2", "--rounds", "1", "--micro-batches", "1",
+                      "--json", str(out), "--", "fairseq-train", data, *TINY])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    result = json.loads(out.read_text())
+    names = [row["name"] for row in result["rows"]]
+    assert names == ["one GPU", "DDP on 2", "one group of 2"]
+    for row in result["rows"]:
+        assert row["measured_tokens_per_s"] > 0 and len(row["measured_rounds"]) == 1
+        assert row["measured_vs_predicted"] == pytest.approx(row["measured_tokens_per_s"] / row["tokens_per_s"])
+    calibration = result["calibration"]
+    assert calibration["slowdown"] > 0 and calibration["reduce_seconds"] > 0
+    assert "fitted to" in calibration["one_thread"]["note"] and "cell times" in calibration["one_thread"]["note"]
+    assert calibration["engine_seconds"] > 0 and calibration["plain_all_threads_seconds"] > 0
+    # one code path: the same rows from race() under the calibration's costs
+    args = plan.parse_training([data, *TINY])
+    load = plan.workload(args, plan.build_parser().parse_args(["--gpus", "2", "--batches", "2"]))
+    costs, rank = cpu_costs(calibration)
+    rows = race(load.model, load.cfg, costs, 2, result["sentences"], result["source"], result["target"], (1,), None,
+                rank_cost=rank)
+    for mine, theirs in zip(result["rows"], rows):
+        assert mine["step_ms"] == pytest.approx(theirs.step.total * 1e3, rel=1e-12)
+    assert result["fastest_measured"] in names
+    assert "[measure] calibrated in" in printed.err and "[measure] round 1/1: DDP on 2" in printed.err
+    assert "measured/predicted" in printed.out and "<- fastest measured" in printed.out
+    assert "Run the fastest measured with:" in printed.out
+
+
+@pytest.mark.slow
+def test_measure_runs_groups_under_ddp(binarized, tmp_path):
+    """Four CPU devices: two groups of two under DDP (gloo, the gradients
+    summed after the backward pass) measured beside the others."""
+    out = tmp_path / "measured.json"
+    code = plan.main(["--measure", "cpu,cpu,cpu,cpu", "--batches", "2", "--rounds", "1", "--micro-batches", "1",
+                      "--json", str(out), "--", "fairseq-train", str(binarized / "bin"), *TINY])
+    assert code == 0
+    rows = {row["name"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["2 groups of 2 under DDP"]["measured_tokens_per_s"] > 0
+    assert "one group of 4" not in rows  # hybrid_lstm_tiny: too few layers
+
+
+BAD = {
+    "a device that is not there": (["--measure", "cuda:0"], ["-"], "cuda:0 is not there"),
+    "not a device": (["--measure", "cpu,tpu"], ["-"], "'tpu' is not a device"),
+    "devices of two kinds": (["--measure", "cpu,meta"], ["-"], "meta: the plan measures on cpu or cuda devices"),
+    "--gpus and --measure disagree": (["--gpus", "4", "--measure", "cpu,cpu"], ["-"],
+                                      "--gpus 4 but --measure names 2 device(s)"),
+    "no data to train on": (["--measure", "cpu,cpu"], ["-"], "--measure trains on the command's data"),
+    "neither --gpus nor --measure": ([], ["-"], "--gpus N"),
+    "a loss a group cannot run": (["--gpus", "2"], ["-", "--criterion", "nat_loss"], "--criterion nat_loss"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_one_line_and_exit_status_2(case):
+    own, train, message = BAD[case]
+    if case == "a device that is not there" and torch.cuda.is_available():
+        own = ["--measure", f"cuda:{torch.cuda.device_count()}"]
+        message = "is not there"
+    result = subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), *own, "--", "fairseq-train", *train,
+                             "--arch", "hybrid_lstm_base", "--batch-size", "8"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fairseq-hybrid-plan: ") and message in lines[0], result.stderr
+
+
+def test_measure_refuses_accumulated_steps(binarized):
+    result = subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), "--measure", "cpu,cpu", "--", "fairseq-train",
+                             str(binarized / "bin"), *TINY, "--update-freq", "2"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "--measure times one batch a step" in result.stderr
