@@ -243,3 +243,22 @@ def test_compile_cell_smoke(tmp_path):
     for row in report["rows"]:
         assert row["eager_us"] > 0 and row["compiled_us"] > 0 and row["compile_s"] > 0
         assert row["relative_difference"] < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.benchmark
+def test_plan_measure_check_smoke(binarized, tmp_path):
+    """The suite's matching systems, then fairseq-hybrid-plan --measure,
+    and the report that sets them side by side: each candidate's
+    prediction, measurement and suite counterpart, and the plan's pick
+    against the suite's fastest."""
+    out = tmp_path / "check"
+    run(sys.executable, os.path.join(BENCHMARKS, "plan_measure_check.py"), binarized / "bin", "--rounds", "1",
+        "--max-tokens", "200", "--suite-batches", "2", "--plan-batches", "2", "--port", "29673", "--out", out,
+        timeout=900)
+    report = json.load(open(f"{out}.json"))
+    assert [row["name"] for row in report["plan"]["rows"]] == ["one GPU", "DDP on 2", "one group of 2"]
+    assert set(report["suite"]) == {"hybrid_lstm_base, 1 device, 2 threads", "data parallel across 2 gloo processes",
+                                    "hybrid on 2 devices, placement and micro-batches auto"}
+    assert report["plan_picks"] in report["suite"] and isinstance(report["pick_within_suite_noise"], bool)
+    assert "Predictions within 10% of the plan's own measurement" in open(f"{out}.md").read()
