@@ -71,9 +71,10 @@ from fairseq_hybrid.parallel import build_hybrid_step, build_plan
 from fairseq_hybrid.planning import cost_file
 from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
                                                        owned_bytes, speedup)
-from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S,
-                                               HOST_MODELS, MLPERF_GNMT_V100, STEP_US, best_chunk_length,
-                                               flat_past_reference, predicted_step, set_costs, set_rate)
+from fairseq_hybrid.planning.gpu_costs import (GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S, HOST_MODELS,
+                                               MLPERF_GNMT_V100, PUBLISHED_SETS, STEP_US, best_chunk_length,
+                                               flat_past_reference, predicted_step, set_costs, set_rate,
+                                               set_tokens_per_s)
 from fairseq_hybrid.planning.race import best_group, chosen, race, searched, set_costs_of
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
@@ -85,7 +86,8 @@ def set_of(args, name: str, model, cfg, per_gpu, host_model: str):
     """The cost set ``name`` under ``host_model``: a function of K giving
     the group's and one device's cost models (the A100 set's rate solved
     for ``--one-device-tokens-per-s`` on one device)."""
-    return set_costs_of(name, model, cfg, per_gpu, args.host_cost, host_model, args.one_device_tokens_per_s)
+    return set_costs_of(name, model, cfg, per_gpu, args.host_cost, host_model,
+                        set_tokens_per_s(name, args.one_device_tokens_per_s))
 
 
 def busiest_share(model, cfg, k: int, placement: str, sample, chunk_length: int, micro_batches: int) -> float:
@@ -168,8 +170,7 @@ def race_table(args, host_model: str) -> Dict:
     return report
 
 
-GLOBAL_SETS = {"p100": None, "a100": None, "v100": GNMT_V100_TOKENS_PER_S,  # None: --one-device-tokens-per-s
-               "v100-pcie": GNMT_V100_TOKENS_PER_S}
+GLOBAL_SETS = PUBLISHED_SETS  # each at its published one-GPU tokens/s (gpu_costs.SET_TOKENS_PER_S)
 
 
 def global_batch_table(args) -> Dict:
@@ -195,10 +196,10 @@ def global_batch_table(args) -> Dict:
             report.setdefault("measured_on", measured[name].measured_on)
         elif name in flat:  # the sensitivity case: the set's LSTM cells above 128 rows at 128's throughput
             costs = set_costs_of(name, model, cfg, reference, args.host_cost, host_model,
-                                 GLOBAL_SETS[flat[name]] or args.one_device_tokens_per_s)
+                                 set_tokens_per_s(flat[name], args.one_device_tokens_per_s))
         else:
             costs = set_costs_of(name, model, cfg, reference, args.host_cost, host_model,
-                                 GLOBAL_SETS[name] or args.one_device_tokens_per_s)
+                                 set_tokens_per_s(name, args.one_device_tokens_per_s))
         memo: Dict = {}
         fixed, scale = [], []
         for gpus in args.global_gpus:
@@ -562,8 +563,9 @@ def names_of(known):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host-cost", help="benchmarks/bench_host_cost.py --json output (default: 30 us per cell)")
-    parser.add_argument("--one-device-tokens-per-s", type=float, default=GNMT_A100_TOKENS_PER_S,
-                        help="the A100 set's one-device rate (as benchmarks/predict_speedups.py)")
+    parser.add_argument("--one-device-tokens-per-s", type=float, default=None,
+                        help="one GPU's tokens/s every set's FLOP rate is solved for (default: each set's published "
+                        "figure, gpu_costs.SET_TOKENS_PER_S; the p100 set has a rate of its own)")
     parser.add_argument("--vocabulary", type=int, default=32000)
     parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4, 8],
                         help="counts to try (default 1,2,4,8)")

@@ -44,11 +44,11 @@ import time
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..planning.gpu_costs import PUBLISHED_SETS
 from .plan_measure import MeasureError, devices_of
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
-COST_SETS = ("p100", "a100", "v100", "v100-pcie")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_DATA = "-"  # the data folder in a command planned without data
 # the options the printed command sets itself: the batch, the GPUs, the group's choices
@@ -229,11 +229,10 @@ def workload(args, own) -> Workload:
 
 def costs_for(own, workload: Workload):
     """The cost set's function of K (:func:`race.set_costs_of`)."""
-    from ..planning.gpu_costs import GNMT_A100_TOKENS_PER_S, GNMT_V100_TOKENS_PER_S
+    from ..planning.gpu_costs import set_tokens_per_s
     from ..planning.race import set_costs_of, uniform_batch
 
-    tokens_per_s = own.one_device_tokens_per_s or own.file_tokens_per_s or {
-        "v100": GNMT_V100_TOKENS_PER_S, "v100-pcie": GNMT_V100_TOKENS_PER_S}.get(own.cost_set, GNMT_A100_TOKENS_PER_S)
+    tokens_per_s = set_tokens_per_s(own.cost_set, own.one_device_tokens_per_s or own.file_tokens_per_s)
     reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
     try:
         return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, "queued",
@@ -365,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="fairseq-hybrid-plan", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=None, help="the GPUs you have (N; with --measure, its devices)")
-    parser.add_argument("--cost-set", default="a100", help=f"the GPUs' assumed costs: {', '.join(COST_SETS)} "
+    parser.add_argument("--cost-set", default="a100", help=f"the GPUs' assumed costs: {', '.join(PUBLISHED_SETS)} "
                         "(default a100)")
     parser.add_argument("--cost-file", default=None,
                         help="a cost set one GPU measured (benchmarks/gpu_check.py --phases calibrate writes it): "
@@ -421,8 +420,8 @@ def check_own(own) -> None:
         own.cost_set, own.host_cost = measured.name, own.cost_file
         own.file_tokens_per_s, own.measured_on = measured.tokens_per_s, measured.measured_on
     else:
-        if own.cost_set not in COST_SETS:
-            raise PlanError(f"--cost-set {own.cost_set}: unknown, one of {', '.join(COST_SETS)}")
+        if own.cost_set not in PUBLISHED_SETS:
+            raise PlanError(f"--cost-set {own.cost_set}: unknown, one of {', '.join(PUBLISHED_SETS)}")
         if own.host_cost and not os.path.isfile(own.host_cost):
             raise PlanError(f"--host-cost {own.host_cost}: no such file")
     if len(own.sentence_length) != 2:

@@ -31,7 +31,8 @@ from .chunk_choice import candidate_lengths
 from .schedule_simulator import CostModel, StepTime, flops, step_time
 
 __all__ = ["KINDS", "PHASES", "COST_SETS", "NAMED_SETS", "LSTM_CURVES", "host_report", "STEP_US", "HOST_MODELS",
-           "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S", "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE",
+           "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S", "SET_TOKENS_PER_S", "PUBLISHED_SETS",
+           "set_tokens_per_s", "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE",
            "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate", "set_costs", "total_flops",
            "lstm_batch_curve", "flat_past_reference", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
 
@@ -61,10 +62,23 @@ HOST_MODELS = ("queued", "summed")
 
 GNMT_A100_TOKENS_PER_S = 83.2e3  # NVIDIA GNMT v2 (PyTorch), one A100, TF32, batch 128: source + target tokens/s
 GNMT_V100_TOKENS_PER_S = 21.65e3  # the same, one V100, fp32: 21.4-21.9k (DeepLearningExamples, GNMT README)
+# the one-GPU source + target tokens/s each named set's FLOP rate is solved for (at 128 sentences of 50 + 50);
+# the p100 set has a FLOP rate of its own and takes none
+SET_TOKENS_PER_S = {"a100": GNMT_A100_TOKENS_PER_S, "v100": GNMT_V100_TOKENS_PER_S,
+                    "v100-pcie": GNMT_V100_TOKENS_PER_S}
+PUBLISHED_SETS = ("p100", "a100", "v100", "v100-pcie")
 GNMT_V100_DDP_4 = (3.53, 3.67)  # its DDP speed-up on 4 V100, fp32, batch 128 per GPU
 # MLPerf Training v0.6, GNMT, NVIDIA's submissions on V100 (mixed precision), source + target tokens/s per
 # GPU: 256 sentences per GPU on one DGX-1 (8 GPUs), 32 per GPU on 48 DGX-1 (384 GPUs)
 MLPERF_GNMT_V100 = {256: (8, 90.3e3), 32: (384, 38.9e3)}
+
+
+def set_tokens_per_s(name: str, given: Optional[float] = None) -> float:
+    """One GPU's tokens/s the set ``name``'s FLOP rate is solved for:
+    ``given`` (measured on the user's GPU) where there is one, else the
+    set's published figure (:data:`SET_TOKENS_PER_S`; the A100's for a set
+    without one)."""
+    return given or SET_TOKENS_PER_S.get(name, GNMT_A100_TOKENS_PER_S)
 
 
 def host_report(path: str) -> Dict:
