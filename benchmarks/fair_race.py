@@ -186,7 +186,8 @@ def global_batch_table(args) -> Dict:
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     reference = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
     host_model = args.host_models[0]
-    report: Dict = {"host_model": host_model, "sentence": list(PER_GPU[1:]), "sets": {}}
+    report: Dict = {"host_model": host_model, "sentence": list(PER_GPU[1:]), "sets": {},
+                    "replica_copies": "priced" if getattr(args, "replica_copies", True) else "free (a what-if)"}
     measured = {} if not getattr(args, "cost_file", None) else {"measured": cost_file.register(args.cost_file)}
     flat = {flat_past_reference(name): name for name in getattr(args, "flat_sets", [])}
     for name in [*args.global_sets, *flat, *measured]:
@@ -207,14 +208,15 @@ def global_batch_table(args) -> Dict:
                 if sentences % gpus or not 16 <= sentences // gpus <= 128:
                     continue
                 rows = race(model, cfg, costs, gpus, sentences, *PER_GPU[1:], args.micro_batches, args.lengths,
-                            memo=memo)
+                            memo=memo, replica_copies=getattr(args, "replica_copies", True))
                 fixed.append(race_rows(rows))
                 print(f"{name} global batch {sentences} on {gpus}: " + ", ".join(
                     f"{row['name']} {row['speedup']:.2f}x" for row in fixed[-1]), flush=True)
         for gpus in args.scale_gpus:
             for per_gpu in args.scale_per_gpu:
                 rows = race(model, cfg, costs, gpus, gpus * per_gpu, *PER_GPU[1:], args.micro_batches,
-                            args.lengths, group_sizes=(2, 4), memo=memo)
+                            args.lengths, group_sizes=(2, 4), memo=memo,
+                            replica_copies=getattr(args, "replica_copies", True))
                 scale.append(race_rows(rows))
                 print(f"{name} at scale, {per_gpu} per GPU on {gpus}: " + ", ".join(
                     f"{row['name']} {row.get('vs_ddp', 0):.2f} of DDP's step" for row in scale[-1][2:]), flush=True)
@@ -236,6 +238,9 @@ def global_batch_markdown(table: Dict) -> List[str]:
              "placement:", ""]
     if table.get("measured_on"):
         lines += [f"The measured set is a cost file (`--cost-file`): {table['measured_on']}.", ""]
+    if table.get("replica_copies", "priced") != "priced":
+        lines += ["A what-if (`--free-replica-copies`): the groups' replicas' parameter and gradient copies cost "
+                  "nothing.", ""]
     for name, sets in table["sets"].items():
         lines += [f"{name} set:", "",
                   "| GPUs K | B | per GPU under DDP | DDP | groups of 2 under DDP | groups of 4 under DDP | one group of K |",
@@ -598,6 +603,9 @@ def main(argv=None) -> int:
                         help="GPU counts of groups under DDP at scale (default 8,16,64)")
     parser.add_argument("--scale-per-gpu", type=integers, default=[16, 32, 64, 128],
                         help="sentences per GPU under DDP at scale (default 16,32,64,128)")
+    parser.add_argument("--free-replica-copies", dest="replica_copies", action="store_false",
+                        help="with --only-global: a what-if, the groups' replicas' parameter and gradient copies "
+                        "cost nothing (the ceiling of any faster way to move them: a ring, a vocabulary split)")
     parser.add_argument("--out")
     parser.add_argument("--no-mlperf", dest="mlperf", action="store_false",
                         help="with --only-global: leave out the calibration against MLPerf v0.6's GNMT")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -258,3 +259,21 @@ def test_the_calibration_against_mlperf_and_the_pcie_set():
         assert 0 < row["ratio_32_to_256"] < 1
     assert "| MLPerf v0.6, measured | 90,300 | 38,900 | 0.43 |" in "\n".join(fair_race.mlperf_markdown(calibration))
     assert COST_SETS["v100-pcie"]["link_bandwidth"] < COST_SETS["v100"]["link_bandwidth"]
+
+
+def test_replica_copies_free_is_a_ceiling_of_the_links():
+    """race(replica_copies=False), fair_race.py --free-replica-copies: the
+    what-if of replicas whose copies cost nothing prices no group slower
+    than with its copies, on a link slow enough for the copies to show,
+    and leaves one GPU and DDP as they were."""
+    from fairseq_hybrid.planning.race import race, set_costs_of, uniform_batch
+    from fairseq_hybrid.planning.gpu_costs import set_tokens_per_s
+    from fairseq_hybrid.planning.twin_model import twin_model
+
+    model, cfg = twin_model("hybrid_lstm_paper", 32000)
+    costs = set_costs_of("p100", model, cfg, uniform_batch(128, 50, 50), None, "queued", set_tokens_per_s("p100"))
+    slow = lambda k: tuple(replace(cost, link_bandwidth=1e8) for cost in costs(k))  # noqa: E731  (0.1 GB/s)
+    priced, free = (race(model, cfg, slow, 4, 64, 50, 50, (1,), (0,), group_sizes=[4], replica_copies=copies)
+                    for copies in (True, False))
+    assert [row.step.total for row in priced[:2]] == [row.step.total for row in free[:2]]
+    assert free[2].step.total < priced[2].step.total

@@ -46,29 +46,30 @@ def set_costs_of(name: str, model, cfg, reference_sample, host_cost: Optional[st
     return lambda k: set_costs(name, host_cost, k, step_us, rate, host_model)
 
 
-def searched(model, cfg, k: int, cost: CostModel, sample, micro_batches: int, lengths):
+def searched(model, cfg, k: int, cost: CostModel, sample, micro_batches: int, lengths, replica_copies: bool = True):
     """``--hybrid-placement auto``'s choice for this count of micro-batches
     at the chunk length that suits the default placement best (auto keeps
     the default unless another is faster at that length), then that
     placement's own best chunk length: ``(placement, length, step)``."""
     default_length, _ = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
-                                          micro_batches=micro_batches)
+                                          micro_batches=micro_batches, replica_copies=replica_copies)
     asked = copy.copy(cfg)  # the options auto would see, the caller's left as they are
     asked.hybrid_chunk_length, asked.hybrid_micro_batches = default_length, micro_batches
     net_input, target = sample
     shape = (net_input["src_tokens"].size(0), net_input["src_tokens"].size(1), target.size(1))
     placement = best_placement(model, asked, [torch.device("cpu")] * k, cost, shape=shape)[0]
     length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths, placement=placement,
-                                     micro_batches=micro_batches)
+                                     micro_batches=micro_batches, replica_copies=replica_copies)
     return placement, length, step
 
 
 def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: Sequence[int], lengths,
-               placement: Optional[str] = None) -> Dict:
+               placement: Optional[str] = None, replica_copies: bool = True) -> Dict:
     """The group's shortest predicted step over the counts of micro-batches
     (each at its searched placement, unless ``placement`` is given) and
     the chunk lengths (``(0, 0)``: K chunks and one chunk a layer; None:
-    ``--hybrid-chunk-length auto``'s candidates)."""
+    ``--hybrid-chunk-length auto``'s candidates); ``replica_copies=False``:
+    the what-if of replicas whose copies cost nothing."""
     best = None
     if lengths is not None and tuple(lengths) == (0, 0):
         lengths = (0, max(sample[0]["src_tokens"].size(1), sample[0]["prev_output_tokens"].size(1)))
@@ -76,11 +77,12 @@ def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: 
         if micro_batches > sample[1].size(0):
             continue  # more micro-batches than sentences: the engine refuses it
         if placement is None:
-            picked, length, step = searched(model, cfg, k, cost, sample, micro_batches, lengths)
+            picked, length, step = searched(model, cfg, k, cost, sample, micro_batches, lengths, replica_copies)
         else:
             picked = placement
             length, step = best_chunk_length(model, cfg, k, "hybrid", cost, *sample, lengths=lengths,
-                                             placement=placement, micro_batches=micro_batches)
+                                             placement=placement, micro_batches=micro_batches,
+                                             replica_copies=replica_copies)
         if best is None or step.total < best["step"].total:
             best = {"step": step, "micro_batches": micro_batches, "chunk_length": length, "placement": picked}
     return best
@@ -144,7 +146,8 @@ def plan_for(cfg, k: int):
 def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int, target: int,
          micro_batch_counts: Sequence[int] = (1, 2, 4), lengths=None,
          group_sizes: Optional[Sequence[int]] = None, progress: Callable[[str], None] = lambda text: None,
-         memo: Optional[Dict] = None, rank_cost: Optional[CostModel] = None) -> List[Candidate]:
+         memo: Optional[Dict] = None, rank_cost: Optional[CostModel] = None,
+         replica_copies: bool = True) -> List[Candidate]:
     """Every candidate on ``gpus`` GPUs at a global batch of
     ``global_sentences`` sentences of ``source`` + ``target`` tokens: one
     GPU at the whole batch (the reference), DDP at ``global_sentences /
@@ -156,7 +159,9 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
     (the same group appears in several rows).  ``rank_cost``: one DDP
     rank's cost model where it is not one device's (CPU devices, where a
     rank runs beside the others and one device alone has every core), its
-    link also pricing the groups' all-reduce."""
+    link also pricing the groups' all-reduce.  ``replica_copies=False``:
+    the what-if of a group whose replicas' copies cost nothing (the
+    ceiling of any faster way to move them)."""
     memo = {} if memo is None else memo
     model_bytes = gradient_bytes(model)
     one_cost = costs(1)[1]
@@ -180,7 +185,7 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
         if key not in memo:
             progress(f"pricing a group of {k} at {sentences} sentences")
             memo[key] = best_group(model, cfg, k, group_cost, uniform_batch(sentences, source, target),
-                                   micro_batch_counts, lengths)
+                                   micro_batch_counts, lengths, replica_copies=replica_copies)
         group = memo[key]
         groups = gpus // k
         if groups == 1:
