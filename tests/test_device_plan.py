@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import build_model
+from fairseq_hybrid.parallel.batch_rows import shard_rows
 from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan
 
 
@@ -87,10 +88,10 @@ def test_reverse_directions_and_shard_weights_in_a_placement():
     plan = build_plan("cpu,cpu,cpu,cpu", "encoder=0,1,2,3;decoder=0,1,2,3;reverse=2;shards=3,0,2,2", "hybrid", 4, 4)
     assert plan.reverse_worker(0) == 2 and plan.reverse_worker(1) == 2  # layer 1: the default, the next device
     assert plan.shard_workers == [0, 2, 3]
-    assert plan.shard_slices(14) == [(0, slice(0, 6)), (2, slice(6, 10)), (3, slice(10, 14))]
-    assert plan.shard_slices(2) == [(0, slice(0, 1)), (2, slice(1, 2))]  # never an empty shard
+    assert shard_rows(plan, 14) == [(0, slice(0, 6)), (2, slice(6, 10)), (3, slice(10, 14))]
+    assert shard_rows(plan, 2) == [(0, slice(0, 1)), (2, slice(1, 2))]  # never an empty shard
     default = build_plan("cpu,cpu,cpu", "", "hybrid", 4, 4)
-    assert default.reverse_worker(0) == 1 and default.shard_slices(7) == [(0, slice(0, 3)), (1, slice(3, 5)),
+    assert default.reverse_worker(0) == 1 and shard_rows(default, 7) == [(0, slice(0, 3)), (1, slice(3, 5)),
                                                                          (2, slice(5, 7))]
 
 

@@ -81,7 +81,7 @@ def test_micro_batches_are_chains_of_their_own(dictionaries):
     """Each micro-batch's cells are named for its rows and read only cells
     of their own micro-batch; together the slices cover every row once,
     with near-equal tokens."""
-    from fairseq_hybrid.parallel.micro_batches import micro_batch_rows
+    from fairseq_hybrid.parallel.batch_rows import micro_batch_rows
     from fairseq_hybrid.parallel.step_cells import build_hybrid_step
 
     src_dict, tgt_dict = dictionaries

@@ -4,7 +4,9 @@ near-equal tokens, each with its rows of the batch, target and masks."""
 import torch
 
 from conftest import make_sample
-from fairseq_hybrid.parallel.micro_batches import micro_batch_rows, micro_batches_of, token_balanced_slices
+from fairseq_hybrid.parallel.batch_rows import micro_batch_rows, shard_rows, step_rows, token_balanced_slices
+from fairseq_hybrid.parallel.device_plan import build_plan
+from fairseq_hybrid.parallel.micro_batches import micro_batches_of
 from fairseq_hybrid.parallel.single_device_masks import SingleDeviceMasks
 
 
@@ -30,13 +32,20 @@ def test_each_micro_batch_takes_its_rows(dictionaries):
     net_input, target = sample["net_input"], sample["target"]
     masks = SingleDeviceMasks(torch.arange(7.0)[:, None], [torch.arange(7.0)[:, None]], torch.arange(7.0),
                               [torch.arange(7.0)], torch.arange(7.0))
-    parts = list(micro_batches_of(net_input, target, masks, 3, tgt_dict.pad()))
+    plan = build_plan("cpu,cpu", "", "hybrid", 2, 2)
+    pieces = step_rows(plan, net_input, target, 3, tgt_dict.pad())
+    parts = list(micro_batches_of(net_input, target, masks, pieces))
     rows = micro_batch_rows(net_input, target, 3, tgt_dict.pad())
+    assert [piece.rows for piece in pieces] == rows
     assert [part.index for part in parts] == [0, 1, 2] and covers(rows, 7)
     for part, slice_ in zip(parts, rows):
         assert torch.equal(part.net_input["src_tokens"], net_input["src_tokens"][slice_])
         assert torch.equal(part.target, target[slice_])
         assert torch.equal(part.masks.source, masks.source[slice_])
         assert part.name == f"micro-batch {slice_.start}-{slice_.stop - 1}: "
-    whole = list(micro_batches_of(net_input, target, masks, 1, tgt_dict.pad()))
+        # its part of the whole batch's shards, as dealt over the batch
+        assert part.shards == shard_rows(plan, slice_.stop - slice_.start, slice_.start)
+        assert covers([rows for _, rows in part.shards], slice_.stop - slice_.start)
+    whole = list(micro_batches_of(net_input, target, masks, step_rows(plan, net_input, target, 1, tgt_dict.pad())))
     assert len(whole) == 1 and whole[0].net_input is net_input and whole[0].name == ""
+    assert whole[0].shards == shard_rows(plan, 7)

@@ -29,7 +29,6 @@ from typing import List, Sequence, Tuple, Union
 
 import torch
 
-from .batch_shards import dealt_slices
 
 MODES = ("hybrid", "model", "data")
 AUTO = "auto"
@@ -70,19 +69,6 @@ class DevicePlan:
         if self.mode == "model":
             return [self.decoder[-1]]
         return [worker for worker in range(self.size) if not self.shard_weights or self.shard_weights[worker] > 0]
-
-    def shard_slices(self, batch_size: int, first_row: int = 0) -> List[Tuple[int, slice]]:
-        """``(worker, rows)`` of each attention-softmax shard of a batch, or
-        of the micro-batch of ``batch_size`` rows from ``first_row`` on:
-        contiguous rows, as many per shard as its weight gives (equal
-        without weights), dealt over the whole batch (:func:`.batch_shards.dealt_rows`),
-        so that a shard's rows in every micro-batch add up to its share of
-        the batch; a piece smaller than the shards leaves some out, never
-        an empty shard."""
-        workers = self.shard_workers
-        weights = [self.shard_weights[w] for w in workers] if self.shard_weights else [1] * len(workers)
-        return [(worker, rows) for worker, rows in zip(workers, dealt_slices(first_row, batch_size, weights))
-                if rows.stop > rows.start]
 
     @property
     def shard_devices(self) -> List[torch.device]:

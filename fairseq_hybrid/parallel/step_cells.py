@@ -46,11 +46,12 @@ from torch import Tensor
 from ..criterions.attention_softmax_loss import LabelSmoothedLoss, attention_softmax_loss, fused_cell_applies
 from ..criterions.fused_output_loss import GradientSink, KeptTargets, kept_targets
 from ..sorted_packing import PackedLayout, chunk_lengths, sorted_layout
-from .batch_shards import batch_slices, sum_on
+from .batch_rows import batch_slices, step_rows
 from .cell_graph import Cell, DeviceUsage, Work, run_cells
 from .device_plan import DevicePlan
 from .replicas import ModelReplicas, Replicas
 from .micro_batches import micro_batches_of
+from .shard_sums import sum_on
 from .single_device_masks import SingleDeviceMasks, draw_single_device_masks, with_masks
 from .transfer import arrive, to_devices
 from .wavefront import Ref
@@ -153,12 +154,13 @@ def _packed_layouts(lengths: Tensor, width: int, rows: int, devices) -> Dict[tor
 
 class _Batch:
     """What every cell builder of one hybrid step needs to know about the
-    batch (the length order of the encoder rows, the time chunks, the batch
-    shards of the attention-softmax part, the dropout masks to take), and
-    the batch's tensors on the devices of the cells that read them."""
+    batch (the length order of the encoder rows, the time chunks, the
+    attention-softmax part's shards as :func:`.batch_rows.step_rows` dealt
+    them, the dropout masks to take), and the batch's tensors on the
+    devices of the cells that read them."""
 
     def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int,
-                 masks: Optional[SingleDeviceMasks], first_row: int = 0):
+                 masks: Optional[SingleDeviceMasks], shards: Sequence[Tuple[int, slice]]):
         encoder = model.encoder.stack
         devices = plan.devices
         src_tokens = encoder.right_padded(net_input["src_tokens"])
@@ -172,7 +174,6 @@ class _Batch:
         self.rows = src_tokens.size(0)
         self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
         self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
-        shards = plan.shard_slices(target.size(0), first_row)  # a micro-batch's part of the batch's shards
         self.shards = [rows for _, rows in shards]
         self.shard_workers = [worker for worker, _ in shards]
         self.shard_devices = [devices[worker] for worker in self.shard_workers]
@@ -235,9 +236,10 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     # each device's attention-softmax cells, of every micro-batch and time chunk, sum their output layer's
     # gradient into one matrix instead of keeping one each from forward to backward
     sinks = {worker: GradientSink() for worker in range(plan.size)}
-    for part in micro_batches_of(net_input, target, masks, micro_batches, model.decoder.dictionary.pad()):
+    pieces = step_rows(plan, net_input, target, micro_batches, model.decoder.dictionary.pad())
+    for part in micro_batches_of(net_input, target, masks, pieces):
         step.prefix, step.not_before = part.name, part.index * stagger
-        batch = _Batch(model, plan, part.net_input, part.target, chunk_length, part.masks, part.first_row)
+        batch = _Batch(model, plan, part.net_input, part.target, chunk_length, part.masks, part.shards)
         encoder_output, final_states, direction_uses = _add_encoder(step, batch)
         encoder_shards = _add_encoder_top(step, batch, encoder_output)
         decoder_chunks = _add_decoder(step, batch, final_states)

@@ -1,6 +1,6 @@
-"""Cutting a batch into shards (parallel/batch_shards.py)."""
+"""Which rows of a batch go where (parallel/batch_rows.py): shards, dealt shares."""
 
-from fairseq_hybrid.parallel.batch_shards import batch_slices
+from fairseq_hybrid.parallel.batch_rows import batch_slices
 
 
 def test_batch_slices_cover_the_batch_without_empty_shards():
@@ -10,7 +10,7 @@ def test_batch_slices_cover_the_batch_without_empty_shards():
 
 
 def test_dealt_rows_follow_the_weights_and_never_take_a_row_back():
-    from fairseq_hybrid.parallel.batch_shards import dealt_rows
+    from fairseq_hybrid.parallel.batch_rows import dealt_rows
 
     assert dealt_rows(10, (1, 1, 1, 1)) == (3, 3, 2, 2)  # round-robin, the first among equals first
     assert dealt_rows(14, (3, 0, 2, 2)) == (6, 0, 4, 4)
@@ -29,7 +29,7 @@ def test_a_micro_batchs_shards_add_up_to_the_batchs_share():
     each micro-batch the first of the three equal shards would get 16 rows
     every time (128 in all, the same as equal shards); dealt over the batch
     they get 123, as the weights say."""
-    from fairseq_hybrid.parallel.batch_shards import dealt_slices, weighted_slices
+    from fairseq_hybrid.parallel.batch_rows import dealt_slices, weighted_slices
 
     weights = (28, 24, 24, 24)
     rounded = [0] * 4
