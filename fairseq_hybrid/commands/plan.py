@@ -399,6 +399,7 @@ def check_own(own) -> None:
     """Refuse bad options with one line; a cost file is registered as a set
     of its own and takes the place of ``--cost-set`` and ``--host-cost``."""
     own.devices = devices_of(own.measure, own.gpus, PlanError) if own.measure is not None else None
+    own.cpu_costs, own.calibration = None, None  # set by --measure on CPU devices (measuring_setup)
     if own.gpus is None:
         if own.devices is None:
             raise PlanError("--gpus N: the GPUs you have (or --measure DEVICES)")
@@ -465,7 +466,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parse_training(train)
         own.group_sizes = group_sizes(args, own.gpus)
         progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-        own.cpu_costs, own.calibration = None, None
         if own.devices:
             measured = measuring_setup(own, args, train, progress)
         result = plan(own, args, progress=progress)

@@ -110,20 +110,13 @@ def timed(model, criterion, optimizer, samples, warmup: int, device: str) -> flo
     return train_steps(model, criterion, optimizer, samples, device)[1]
 
 
-def run_one(spec: Dict) -> Dict:
+def run_in_process(spec: Dict) -> Dict:
+    """``one`` or ``group``: one device, or one group of the devices."""
     torch.set_num_threads(spec["threads"])
-    task, cfg, model, criterion = build(spec["train"], spec["devices"][:1])
+    group = spec["group"] if spec["kind"] == "group" else None
+    task, cfg, model, criterion = build(spec["train"], spec["devices"] if group else spec["devices"][:1], group)
     samples = drawn(task, cfg, spec["batches"])
-    device = spec["devices"][0]
-    seconds = timed(model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3), samples, spec["warmup"], device)
-    return {"seconds": seconds, "tokens": padded_tokens(samples), "steps": len(samples)}
-
-
-def run_group(spec: Dict) -> Dict:
-    torch.set_num_threads(spec["threads"])
-    task, cfg, model, criterion = build(spec["train"], spec["devices"], spec["group"])
-    samples = drawn(task, cfg, spec["batches"])
-    device = spec["devices"][0]  # fairseq's trainer puts a batch on the first GPU; the group takes it from there
+    device = spec["devices"][0]  # fairseq's trainer puts a batch on the first GPU; a group takes it from there
     seconds = timed(model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3), samples, spec["warmup"], device)
     return {"seconds": seconds, "tokens": padded_tokens(samples), "steps": len(samples)}
 
@@ -289,7 +282,7 @@ def run_calibrate(spec: Dict) -> Dict:
             "batches": len(samples)}
 
 
-RUNS = {"one": run_one, "group": run_group, "ranks": run_ranks, "calibrate": run_calibrate}
+RUNS = {"one": run_in_process, "group": run_in_process, "ranks": run_ranks, "calibrate": run_calibrate}
 
 
 def main(argv=None) -> int:
