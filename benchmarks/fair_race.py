@@ -68,6 +68,7 @@ from typing import Dict, List, Sequence, Tuple
 from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import build_hybrid_step, build_plan
+from fairseq_hybrid.parallel.batch_rows import batch_slices
 from fairseq_hybrid.planning import cost_file
 from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
                                                        owned_bytes, speedup)
@@ -75,7 +76,7 @@ from fairseq_hybrid.planning.gpu_costs import (GNMT_V100_DDP_4, GNMT_V100_TOKENS
                                                MLPERF_GNMT_V100, PUBLISHED_SETS, STEP_US, best_chunk_length,
                                                flat_past_reference, predicted_step, set_costs, set_rate,
                                                set_tokens_per_s)
-from fairseq_hybrid.planning.race import best_group, chosen, race, searched, set_costs_of
+from fairseq_hybrid.planning.race import best_group, chosen, race, searched, set_costs_of, uniform_batch
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 
@@ -338,6 +339,78 @@ def ddp_on_real_batches(ones, parts, k: int, steps: int, model_bytes: float, one
     return tokens_of(parts[:steps * k]) / ddp_seconds / one_rate
 
 
+def split_rows(part: Tuple[List[int], List[int]], count: int) -> List[Tuple[List[int], List[int]]]:
+    """A batch's sentences cut into ``count`` consecutive near-equal pieces
+    (a DDP rank's, or a group's, share of a global batch)."""
+    return [(part[0][rows], part[1][rows]) for rows in batch_slices(len(part[0]), count)]
+
+
+def global_real_table(args) -> Dict:
+    """The race at a fixed global batch on real batches: fairseq's sampler
+    draws ``--real-steps`` batches at each of ``--global-real-tokens`` from
+    ``--data`` (sentences of similar length, a global batch each), and on 4
+    GPUs every way trains the same sentences: one GPU the whole batch; DDP's
+    ranks a quarter of its sentences each, the step waiting for the slowest;
+    one group of 4 the whole batch; two groups of 2 under DDP half each, the
+    step waiting for the slower.  Tokens/s over one GPU's on the same
+    sentences.  A group runs at its best micro-batches with K chunks a
+    sequence or one chunk a layer, at the placement its search chose for a
+    uniform batch of the batches' mean shape."""
+    gpus, steps, host_model = 4, args.real_steps, args.host_models[0]
+    model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
+    per_gpu = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
+    model_bytes = gradient_bytes(model)
+    report: Dict = {"gpus": gpus, "steps": steps, "host_model": host_model, "rows": []}
+    for tokens in args.global_real_tokens:
+        parts = real_batches(args.data, tokens, steps)
+        sentences = sum(len(part[0]) for part in parts) / len(parts)
+        mean = [round(sum(sum(part[i]) / len(part[i]) for part in parts) / len(parts)) for i in (0, 1)]
+        for name in ("p100", "a100"):
+            costs = set_of(args, name, model, cfg, per_gpu, host_model)
+            one_cost = costs(1)[1]
+            ones = [predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([part])).total for part in parts]
+            ddp = [data_parallel_step_of([predicted_step(model, cfg, 1, "hybrid", one_cost, *as_batch([piece]))
+                                          for piece in split_rows(part, gpus)], model_bytes, one_cost).total
+                   for part in parts]
+            row = {"max_tokens": tokens, "sentences": sentences, "set": name, "ddp": sum(ones) / sum(ddp)}
+            for k, label in ((4, "group of 4"), (2, "2 groups of 2 under DDP")):
+                cost = costs(k)[0]
+                share = uniform_batch(int(sentences) * k // gpus, *mean)
+                placement = best_group(model, cfg, k, cost, share, args.micro_batches, (0, 0))["placement"]
+
+                def group_step(piece):
+                    return best_group(model, cfg, k, cost, as_batch([piece]), args.micro_batches, (0, 0),
+                                      placement=placement)["step"]
+
+                if k == gpus:
+                    seconds = [group_step(part).total for part in parts]
+                else:
+                    owned = max(owned_bytes(model, cfg, k, placement))
+                    seconds = [data_parallel_step_of([group_step(piece) for piece in split_rows(part, gpus // k)],
+                                                     owned, cost).total for part in parts]
+                row[label] = sum(ones) / sum(seconds)
+            report["rows"].append(row)
+            print(f"{name} real global batches of {tokens} tokens ({sentences:.0f} sentences): DDP {row['ddp']:.2f}x, "
+                  f"group of 4 {row['group of 4']:.2f}x, 2 groups of 2 {row['2 groups of 2 under DDP']:.2f}x",
+                  flush=True)
+    return report
+
+
+def global_real_markdown(table: Dict) -> List[str]:
+    lines = ["", f"At a fixed global batch on real batches ({table['steps']} batches of the data at each "
+             f"--max-tokens, every way on the same sentences, {table['gpus']} GPUs, host {table['host_model']}): "
+             "tokens/s over one GPU's on the same sentences, and in brackets DDP's step over the row's:", "",
+             "| set | --max-tokens (global) | sentences a batch | per GPU under DDP | DDP | one group of 4 | "
+             "2 groups of 2 under DDP |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in table["rows"]:
+        ddp = row["ddp"]
+        lines.append(f"| {row['set']} | {row['max_tokens']:,} | {row['sentences']:.0f} | "
+                     f"{row['sentences'] / table['gpus']:.0f} | {ddp:.2f}x | "
+                     f"{row['group of 4']:.2f}x ({row['group of 4'] / ddp:.2f}) | "
+                     f"{row['2 groups of 2 under DDP']:.2f}x ({row['2 groups of 2 under DDP'] / ddp:.2f}) |")
+    return lines
+
+
 def gnmt_calibration(args, per_gpu_batches=None) -> Dict:
     """The simulator in GNMT v2's published setting, against its DDP
     figure on 4 V100 (fp32, batch 128 per GPU, NVLink): a model of its
@@ -583,6 +656,9 @@ def main(argv=None) -> int:
     parser.add_argument("--data", help="a binarized ja-en corpus: also race on its batches, DDP's stragglers included")
     parser.add_argument("--max-tokens", type=int, default=6400, help="per GPU, for --data (default 6400: 128 x 50)")
     parser.add_argument("--real-steps", type=int, default=8, help="steps of K real batches each (default 8)")
+    parser.add_argument("--global-real-tokens", type=integers, default=[3300, 6500, 13000],
+                        help="with --data and --only-global: the global batches of the race on real batches, as "
+                        "--max-tokens (default 3300,6500,13000: about 256, 512 and 1,024 Tatoeba sentences)")
     parser.add_argument("--host-models", type=host_models, default=list(HOST_MODELS),
                         help="how the host time is priced, the first also on real batches (default queued,summed: "
                         "queued ahead of the devices on one host shared by the workers; summed with the device "
@@ -624,6 +700,9 @@ def main(argv=None) -> int:
     if args.only_global:
         report = {"global_batch": global_batch_table(args)}
         lines = global_batch_markdown(report["global_batch"])
+        if args.data:
+            report["global_real"] = global_real_table(args)
+            lines += global_real_markdown(report["global_real"])
         if args.mlperf:
             report["mlperf_calibration"] = mlperf_calibration(args)
             lines += mlperf_markdown(report["mlperf_calibration"])

@@ -215,6 +215,32 @@ def test_the_fair_race_on_real_batches(binarized, tmp_path):
     assert 1.0 < report["gnmt_v100"]["ddp_real_batches"] <= report["gnmt_v100"]["ddp"] + 1e-9
 
 
+def test_the_race_at_a_fixed_global_batch_on_real_batches(binarized, tmp_path):
+    """With --data and --only-global: global batches drawn by fairseq's
+    sampler, every way on the same sentences on 4 GPUs (DDP's ranks a
+    quarter each, two groups of two half each), against one GPU on them."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from fair_race import split_rows
+
+    part = ([5, 4, 4, 3, 3, 2, 2], [6, 5, 5, 4, 4, 3, 2])
+    pieces = split_rows(part, 4)
+    assert [len(piece[0]) for piece in pieces] == [2, 2, 2, 1]
+    assert sum((piece[0] for piece in pieces), []) == part[0] and sum((piece[1] for piece in pieces), []) == part[1]
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--only-global", "--no-mlperf",
+                    "--micro-batches", "1,2", "--global-sets", "p100", "--global-gpus", "4", "--global-batches", "64",
+                    "--scale-gpus", "8", "--scale-per-gpu", "16", "--flat-sets", "none", "--data",
+                    str(binarized / "bin"), "--global-real-tokens", "400,800", "--real-steps", "2", "--out",
+                    str(tmp_path)], check=True, capture_output=True, cwd=REPO)
+    real = json.loads((tmp_path / "fair_race_global.json").read_text())["global_real"]
+    assert real["gpus"] == 4 and [(row["max_tokens"], row["set"]) for row in real["rows"]] == [
+        (400, "p100"), (400, "a100"), (800, "p100"), (800, "a100")]
+    for row in real["rows"]:
+        assert row["sentences"] >= 4 and 1.0 < row["ddp"] <= 4.0 + 1e-9
+        assert row["group of 4"] > 0.5 and row["2 groups of 2 under DDP"] > 0.5
+    assert real["rows"][2]["sentences"] > real["rows"][0]["sentences"]
+    assert "At a fixed global batch on real batches" in (tmp_path / "fair_race_global.md").read_text()
+
+
 def test_the_two_readings_of_the_host_time(tmp_path):
     """queued: one worker's host time per cell (the simulator queues the K
     workers on one host), the CPU's LSTM kernel call counted as one op, a
