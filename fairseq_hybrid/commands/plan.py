@@ -29,6 +29,13 @@ fairseq's batch sampler draws ``--batches`` training batches at your
 ``--max-tokens`` and the plan takes their mean sentences per batch and
 mean source and target lengths (a uniform batch of that shape: the
 simulator's, not each batch's own); without it, ``--sentence-length``.
+
+With ``--measure DEVICES`` it also runs every candidate for a few steps on
+those devices, in alternating rounds, and prints the measured tokens/s
+beside the prediction (:mod:`.plan_measure`); on CPU devices it first
+calibrates the cost model it prices them with on this machine::
+
+  fairseq-hybrid-plan --measure cpu,cpu -- fairseq-train data-bin --arch hybrid_lstm_base --max-tokens 2000
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..planning.gpu_costs import PUBLISHED_SETS
-from .plan_measure import MeasureError, devices_of
+from .plan_measure import SET_PER_CANDIDATE, MeasureError, calibrate, devices_of, measure, measured_lines
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
@@ -332,8 +339,6 @@ def report(result: Dict, train: List[str], args, devices: Optional[Sequence[str]
                      f"{row['speedup']:>9.2f}x {vs_ddp:>7}{mark}")
     chosen = result["fastest"]
     if result.get("measured"):
-        from .plan_measure import measured_lines
-
         lines += [""] + measured_lines(result)
         chosen = result["fastest_measured"]
     best = next(row for row in result["rows"] if row["name"] == chosen)
@@ -435,8 +440,6 @@ def measuring_setup(own, args, train: List[str], progress) -> List[str]:
     """Refuse what ``--measure`` cannot time, and on CPU devices calibrate
     the cost model the candidates are priced with; the user's command as
     the candidates run it."""
-    from .plan_measure import SET_PER_CANDIDATE, calibrate
-
     if not args.data:
         raise PlanError("--measure trains on the command's data: give the data folder, not -")
     if not os.path.isdir(args.data):
@@ -470,8 +473,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             measured = measuring_setup(own, args, train, progress)
         result = plan(own, args, progress=progress)
         if own.devices:
-            from .plan_measure import measure
-
             measure(result, measured, with_group_criterion(measured), own.devices, own.rounds, own.batches,
                     lambda text: progress(f"[measure] {text}"))
     except PlanError as error:
