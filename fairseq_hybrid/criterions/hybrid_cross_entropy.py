@@ -91,7 +91,8 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             target = target.clone()
             target[:, : self.ignore_prefix_size] = self.padding_idx
         shard_loss = self.shard_loss if self.fused_loss is None else self.fused_loss
-        loss, nll_loss, n_correct, total = model.loss_sums(sample["net_input"], target, shard_loss)
+        # through the model's forward, so that a DDP wrapper sees the step (HybridLSTMModel.forward)
+        loss, nll_loss, n_correct, total = model(**sample["net_input"], loss_of=(target, shard_loss))
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,

@@ -240,6 +240,20 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         features, _ = part.features(*rnn_out)
         return shard_loss(features, part.output_weight, part.output_bias, target.to(part.output_bias.device))
 
+    def forward(self, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor,
+                loss_of: Optional[Tuple[Tensor, ShardLoss]] = None, **kwargs):
+        """fairseq's forward (logits and attention), or with ``loss_of=(target,
+        shard_loss)`` the summed loss terms of :meth:`loss_sums`.
+        ``hybrid_cross_entropy`` calls the model this way rather than calling
+        ``loss_sums`` past it: PyTorch's DistributedDataParallel (fairseq's
+        ``pytorch_ddp``) prepares its gradient all-reduce in its forward, and a
+        step that never passes through it leaves every rank with its own
+        gradients, silently (``tests/test_ddp_sees_the_loss.py``)."""
+        if loss_of is None:
+            return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+        net_input = dict(kwargs, src_tokens=src_tokens, src_lengths=src_lengths, prev_output_tokens=prev_output_tokens)
+        return self.loss_sums(net_input, *loss_of)
+
     def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss: ShardLoss) -> Tuple[Tensor, ...]:
         """What ``hybrid_cross_entropy`` calls: the summed loss terms of a
         batch, computed in one piece or, with a hybrid group, as cells on
