@@ -62,7 +62,8 @@ NO_DATA = "-"  # the data folder in a command planned without data
 REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
                     "--update-freq", "--max-tokens", "--batch-size", "--distributed-world-size")
 # criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
-# group runs its cells through it, so the group's command takes it in their place
+# group runs its cells through it, and on one device and under DDP its fused output layer is faster, so every
+# candidate is timed and printed with it in their place
 GROUP_CRITERION = "hybrid_cross_entropy"
 SAME_LOSS = (GROUP_CRITERION, "cross_entropy", "label_smoothed_cross_entropy")
 HOST_COST = os.path.join(REPO, "docs", "bench", "host_cost.json")  # bench_host_cost.py on CPU, in a checkout
@@ -294,14 +295,16 @@ def without(train: List[str], names: Sequence[str]) -> List[str]:
 
 def with_group_criterion(train: List[str]) -> List[str]:
     """``train`` with the criterion a group runs its cells through (the
-    same loss as the command's, :data:`SAME_LOSS`)."""
+    same loss as the command's, :data:`SAME_LOSS`), which every candidate
+    runs."""
     return without(train, ("--criterion",)) + ["--criterion", GROUP_CRITERION]
 
 
 def command_for(row: Dict, train: List[str], args, sentences: int, devices: Optional[Sequence[str]] = None) -> str:
     """The command line that runs ``row`` at the same global batch (on
     ``devices``; default the first GPUs)."""
-    rest = ["DATA" if token == NO_DATA else token for token in without(train, REPLACED_OPTIONS)]
+    rest = with_group_criterion(["DATA" if token == NO_DATA else token for token in without(train, REPLACED_OPTIONS)])
+    rest += ["--user-dir", os.path.join(REPO, "fairseq_hybrid")] if "--user-dir" not in train else []
     per = row["sentences_per_group"]
     batch = (["--batch-size", str(per)] if args.batch_size or not args.max_tokens else
              ["--max-tokens", str(math.ceil(args.max_tokens * (args.update_freq[0] if args.update_freq else 1)
@@ -309,9 +312,7 @@ def command_for(row: Dict, train: List[str], args, sentences: int, devices: Opti
     if row["group_size"] == 1:
         world = ["--distributed-world-size", str(row["gpus"])] if row["gpus"] > 1 else []
         return shlex.join(["fairseq-train", *rest, *batch, *world])
-    rest = with_group_criterion(rest)
-    group = ["--user-dir", os.path.join(REPO, "fairseq_hybrid")] if "--user-dir" not in train else []
-    group += ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches", str(row["micro_batches"])]
+    group = ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches", str(row["micro_batches"])]
     if row["placement"]:
         group += ["--hybrid-placement", row["placement"]]
     if row["groups"] == 1:
@@ -447,11 +448,11 @@ def measuring_setup(own, args, train: List[str], progress) -> List[str]:
     if args.update_freq and args.update_freq[0] > 1:
         raise PlanError("--measure times one batch a step: give --update-freq 1 (and the global batch as "
                         "--max-tokens or --batch-size)")
-    measured = without(train, SET_PER_CANDIDATE)
+    measured = with_group_criterion(without(train, SET_PER_CANDIDATE))
     if own.devices[0] == "cpu":
         from ..planning.cpu_calibration import cpu_costs
 
-        own.calibration = calibrate(measured, with_group_criterion(measured), own.devices, own.batches,
+        own.calibration = calibrate(measured, own.devices, own.batches,
                                     lambda text: progress(f"[measure] {text}"))
         own.cpu_costs = cpu_costs(own.calibration)
     return measured
@@ -473,7 +474,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             measured = measuring_setup(own, args, train, progress)
         result = plan(own, args, progress=progress)
         if own.devices:
-            measure(result, measured, with_group_criterion(measured), own.devices, own.rounds, own.batches,
+            measure(result, measured, own.devices, own.rounds, own.batches,
                     lambda text: progress(f"[measure] {text}"))
     except PlanError as error:
         print(f"fairseq-hybrid-plan: {error}", file=sys.stderr)

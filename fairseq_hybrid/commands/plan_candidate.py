@@ -236,7 +236,7 @@ def run_calibrate(spec: Dict) -> Dict:
     k = len(spec["devices"])
     say = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731
     task, cfg, engine, criterion = build(spec["train"], ["cpu"], {"chunk_length": 0})
-    plain = [build(spec["plain_train"], ["cpu"])[2:] for _ in range(k)]
+    plain = [build(spec["train"], ["cpu"])[2:] for _ in range(k)]
     samples = drawn(task, cfg, spec["batches"] + 1, seed=2)
     warm, samples = samples[:1], samples[1:]
     optimizer = torch.optim.Adam(engine.parameters(), lr=1e-3)

@@ -98,31 +98,26 @@ def run(spec: Dict, what: str) -> Dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def calibrate(train: List[str], group_train: List[str], devices: Sequence[str], batches: int,
-              progress: Callable[[str], None]) -> Dict:
-    """This machine's CPU cost model, measured in a process of its own
-    (``group_train``: the command with the group's criterion, whose cells
-    are fitted; ``train``: the command as one device runs it)."""
+def calibrate(train: List[str], devices: Sequence[str], batches: int, progress: Callable[[str], None]) -> Dict:
+    """This machine's CPU cost model, measured in a process of its own on
+    the command every candidate runs (``train``)."""
     progress(f"calibrating {len(devices)} CPU devices on {batches} other batches (the engine's cells, the model "
              f"with 1 and {len(devices)} threads, {len(devices)} copies at once, gloo's all-reduce)")
     started = time.time()
-    calibration = run({"kind": "calibrate", "train": group_train, "plain_train": train, "devices": list(devices),
-                       "batches": batches}, "the calibration")
+    calibration = run({"kind": "calibrate", "train": train, "devices": list(devices), "batches": batches},
+                      "the calibration")
     progress(f"calibrated in {time.time() - started:.0f} s: slowdown {calibration['slowdown']:.3f} with all "
              f"devices busy, all-reduce of {calibration['reduce_bytes'] / 2 ** 20:.0f} MiB in "
              f"{calibration['reduce_seconds'] * 1e3:.0f} ms")
     return calibration
 
 
-def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int, group_train: List[str]) -> Dict:
-    """How to run a row of the plan on ``devices``: one device and DDP with
-    the user's command, groups with ``group_train`` (the group's criterion
-    in place of the command's)."""
+def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int) -> Dict:
+    """How to run a row of the plan on ``devices`` with the command
+    ``train``."""
     cpu = devices[0] == "cpu"
     group = {key: row.get(key) for key in ("chunk_length", "micro_batches", "placement")}
-    spec = {"train": group_train, "batches": batches, "warmup": WARMUP, "group": group}
-    if row["group_size"] == 1:
-        spec.update(train=train, group=None)
+    spec = {"train": train, "batches": batches, "warmup": WARMUP, "group": group if row["group_size"] > 1 else None}
     if row["group_size"] == 1 and row["groups"] == 1:
         # one device; on CPU devices with every core (the other way to use them)
         return dict(spec, kind="one", devices=list(devices[:1]), threads=len(devices) if cpu else 1)
@@ -132,8 +127,8 @@ def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int, 
                 threads=row["group_size"])
 
 
-def measure(result: Dict, train: List[str], group_train: List[str], devices: Sequence[str], rounds: int,
-            batches: int, progress: Callable[[str], None]) -> None:
+def measure(result: Dict, train: List[str], devices: Sequence[str], rounds: int, batches: int,
+            progress: Callable[[str], None]) -> None:
     """Run every row of ``result`` ``rounds`` times, alternating, and put
     its measured tokens/s (median, lowest, highest) and its ratio to the
     prediction in the row; ``result['fastest_measured']`` names the
@@ -142,7 +137,7 @@ def measure(result: Dict, train: List[str], group_train: List[str], devices: Seq
     readings: Dict[str, List[float]] = {row["name"]: [] for row in result["rows"]}
     for round_index in range(rounds):
         for row in result["rows"]:
-            one = run(spec_for(row, train, devices, batches, group_train), f"{row['name']} (round {round_index + 1})")
+            one = run(spec_for(row, train, devices, batches), f"{row['name']} (round {round_index + 1})")
             readings[row["name"]].append(one["tokens"] / one["seconds"])
             progress(f"round {round_index + 1}/{rounds}: {row['name']}: {readings[row['name']][-1]:,.0f} tokens/s "
                      f"measured ({time.time() - started:.0f} s so far)")
