@@ -37,6 +37,7 @@ import threading
 import time
 
 from fairseq_hybrid.harness.measuring import NO_DATA, System, batches, build, suite_systems, train_steps
+from fairseq_hybrid.planning.training_steps import LossOf, spawned
 
 
 def system_named(name: str, k: int) -> System:
@@ -77,16 +78,6 @@ def gloo_process(rank, k, data, max_tokens, count, port, results):
     import torch
     import torch.distributed as dist
 
-    class LossOf(torch.nn.Module):
-        """The criterion's loss as a module's forward, so DDP sees the step."""
-
-        def __init__(self, model, criterion):
-            super().__init__()
-            self.model, self.criterion = model, criterion
-
-        def forward(self, sample):
-            return self.criterion(self.model, sample)
-
     torch.set_num_threads(1)
     # A bounded wait: a rank that dies or falls out of step ends the run with
     # an error instead of leaving the others blocked in a collective.
@@ -120,11 +111,7 @@ def run_one(args):
     k, device = args.devices, args.device
     system = system_named(args.one, k)
     if system.kind == "gloo":
-        import torch.multiprocessing as mp
-
-        results = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(gloo_process, args=(k, args.data, args.max_tokens, args.batches, args.port, results), nprocs=k)
-        rows = [results.get() for _ in range(k)]
+        rows = spawned(gloo_process, (k, args.data, args.max_tokens, args.batches, args.port), k)
         tokens = sum(row[1] for row in rows)
         seconds = max(row[2] for row in rows)
         memory = {f"process {row[0]} (peak RSS)": row[3]["process (peak RSS)"] for row in rows}

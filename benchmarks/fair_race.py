@@ -187,8 +187,9 @@ def global_batch_table(args) -> Dict:
     model, cfg = twin_model("hybrid_lstm_paper", args.vocabulary)
     reference = batch(PER_GPU[0], [PER_GPU[1]] * PER_GPU[0], PER_GPU[2])
     host_model = args.host_models[0]
+    copies = getattr(args, "replica_copies", True)  # --free-replica-copies: False
     report: Dict = {"host_model": host_model, "sentence": list(PER_GPU[1:]), "sets": {},
-                    "replica_copies": "priced" if getattr(args, "replica_copies", True) else "free (a what-if)"}
+                    "replica_copies": "priced" if copies else "free (a what-if)"}
     measured = {} if not getattr(args, "cost_file", None) else {"measured": cost_file.register(args.cost_file)}
     flat = {flat_past_reference(name): name for name in getattr(args, "flat_sets", [])}
     for name in [*args.global_sets, *flat, *measured]:
@@ -209,15 +210,14 @@ def global_batch_table(args) -> Dict:
                 if sentences % gpus or not 16 <= sentences // gpus <= 128:
                     continue
                 rows = race(model, cfg, costs, gpus, sentences, *PER_GPU[1:], args.micro_batches, args.lengths,
-                            memo=memo, replica_copies=getattr(args, "replica_copies", True))
+                            memo=memo, replica_copies=copies)
                 fixed.append(race_rows(rows))
                 print(f"{name} global batch {sentences} on {gpus}: " + ", ".join(
                     f"{row['name']} {row['speedup']:.2f}x" for row in fixed[-1]), flush=True)
         for gpus in args.scale_gpus:
             for per_gpu in args.scale_per_gpu:
                 rows = race(model, cfg, costs, gpus, gpus * per_gpu, *PER_GPU[1:], args.micro_batches,
-                            args.lengths, group_sizes=(2, 4), memo=memo,
-                            replica_copies=getattr(args, "replica_copies", True))
+                            args.lengths, group_sizes=(2, 4), memo=memo, replica_copies=copies)
                 scale.append(race_rows(rows))
                 print(f"{name} at scale, {per_gpu} per GPU on {gpus}: " + ", ".join(
                     f"{row['name']} {row.get('vs_ddp', 0):.2f} of DDP's step" for row in scale[-1][2:]), flush=True)

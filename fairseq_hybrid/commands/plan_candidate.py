@@ -41,11 +41,11 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..planning.training_steps import command_batches, train_steps
+from ..planning.data_parallel_cost import BUCKET_BYTES, gradient_bytes
+from ..planning.training_steps import LossOf, command_batches, spawned, train_steps
 
 __all__ = ["build", "rows_of", "padded_tokens", "main"]
 
-REDUCE_BUCKET_BYTES = 25 * 2 ** 20  # DistributedDataParallel's bucket_cap_mb default
 REPEATS = 2  # passes of each whole-step timing in the calibration
 
 
@@ -167,17 +167,8 @@ def rank_process(rank: int, spec: Dict, results) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     device = mine[0]
     if per == 1:
-        class LossOf(torch.nn.Module):
-            """The criterion's loss as a module's forward, so that DDP sees the step."""
-
-            def __init__(self):
-                super().__init__()
-                self.model, self.criterion = model, criterion
-
-            def forward(self, sample):
-                return self.criterion(self.model, sample)
-
-        wrapped = torch.nn.parallel.DistributedDataParallel(LossOf(), device_ids=[mine[0]] if cuda else None)
+        wrapped = torch.nn.parallel.DistributedDataParallel(LossOf(model, criterion),
+                                                            device_ids=[mine[0]] if cuda else None)
         loss = lambda _, sample: wrapped(sample)  # noqa: E731  (DDP stands in for the criterion)
     else:
         loss, optimizer = criterion, ReducedBeforeStep(optimizer, model.parameters())
@@ -191,11 +182,7 @@ def rank_process(rank: int, spec: Dict, results) -> None:
 
 
 def run_ranks(spec: Dict) -> Dict:
-    import torch.multiprocessing as mp
-
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(rank_process, args=(spec, results), nprocs=spec["ranks"])
-    rows = [results.get() for _ in range(spec["ranks"])]
+    rows = spawned(rank_process, (spec,), spec["ranks"])
     return {"seconds": max(row[1] for row in rows), "tokens": sum(row[2] for row in rows), "steps": spec["batches"]}
 
 
@@ -207,7 +194,7 @@ def reduce_process(rank: int, ranks: int, nbytes: int, port: int, results) -> No
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
                             timeout=datetime.timedelta(minutes=5))
-    buckets = max(1, math.ceil(nbytes / REDUCE_BUCKET_BYTES))
+    buckets = max(1, math.ceil(nbytes / BUCKET_BYTES))
     pieces = [torch.ones(nbytes // 4 // buckets) for _ in range(buckets)]
     times = []
     for _ in range(6):
@@ -228,10 +215,7 @@ def run_calibrate(spec: Dict) -> Dict:
     modules, no engine) timed with one thread and with all K, against the
     engine; each device's slowdown when K such copies train at once; gloo's
     all-reduce of the model's gradients between K processes."""
-    import torch.multiprocessing as mp
-
     from ..planning.cpu_calibration import fitted_cost, ring_bandwidth
-    from ..planning.data_parallel_cost import gradient_bytes
 
     k = len(spec["devices"])
     say = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731
@@ -271,9 +255,7 @@ def run_calibrate(spec: Dict) -> Dict:
         thread.join()
     say(f"gloo's all-reduce between {k} processes")
     nbytes = int(gradient_bytes(engine))
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(reduce_process, args=(k, nbytes, spec["port"], results), nprocs=k)
-    reduce_seconds = max(results.get() for _ in range(k))
+    reduce_seconds = max(spawned(reduce_process, (k, nbytes, spec["port"]), k))
     return {"one_thread": one.__dict__, "engine_seconds": engine_seconds, "plain_seconds": alone,
             "plain_all_threads_seconds": all_threads, "together_seconds": together,
             "slowdown": statistics.mean(together) / alone, "threads": k,

@@ -127,12 +127,12 @@ def task_of(data: str):
 
 def batches(task, max_tokens: int, count: int, max_positions=(64, 64)):
     """The first ``count`` training batches of ``max_tokens`` (seed 1), as
-    fairseq's batch sampler draws them."""
-    iterator = task.get_batch_iterator(
-        task.dataset("train"), max_tokens=max_tokens, max_positions=max_positions,
-        ignore_invalid_inputs=True, seed=1,
-    ).next_epoch_itr(shuffle=True)
-    return [next(iterator) for _ in range(count)]
+    fairseq's batch sampler draws them (:func:`command_batches`, sentences
+    longer than ``max_positions`` left out); fewer is an error."""
+    drawn = command_batches(task, max_tokens, None, count, max_positions=max_positions)
+    if len(drawn) < count:
+        raise ValueError(f"{count} training batches asked at --max-tokens {max_tokens}, the data gives {len(drawn)}")
+    return drawn
 
 
 # -- one step ------------------------------------------------------------------------

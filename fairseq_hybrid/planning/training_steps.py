@@ -11,11 +11,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from fairseq import utils
 
-__all__ = ["command_batches", "on_device", "backward_step", "synchronize", "train_steps"]
+__all__ = ["command_batches", "on_device", "backward_step", "synchronize", "train_steps", "LossOf", "spawned"]
 
 
 def command_batches(task, max_tokens: Optional[int], batch_size: Optional[int], count: int, seed: int = 1,
-                    subset: str = "train") -> List:
+                    subset: str = "train", max_positions=(1024, 1024)) -> List:
     """The first ``count`` training batches fairseq's sampler draws for a
     command's ``--max-tokens`` and ``--batch-size`` (shuffled with
     ``seed``): what ``fairseq-hybrid-plan`` reads the batch's shape from and
@@ -23,7 +23,7 @@ def command_batches(task, max_tokens: Optional[int], batch_size: Optional[int], 
     import warnings
 
     epoch = task.get_batch_iterator(task.dataset(subset), max_tokens=max_tokens, max_sentences=batch_size,
-                                    max_positions=(1024, 1024), ignore_invalid_inputs=True, seed=seed)
+                                    max_positions=max_positions, ignore_invalid_inputs=True, seed=seed)
     with warnings.catch_warnings():  # torch: no accelerator to pin memory on
         warnings.simplefilter("ignore")
         iterator = epoch.next_epoch_itr(shuffle=True)
@@ -67,3 +67,27 @@ def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "c
         tokens += sample["ntokens"]
     synchronize(device)
     return tokens, time.perf_counter() - start
+
+
+class LossOf(torch.nn.Module):
+    """The criterion's loss as a module's forward, so that PyTorch's
+    DistributedDataParallel, wrapped around it, sees the step (it prepares
+    its gradient all-reduce in forward)."""
+
+    def __init__(self, model, criterion):
+        super().__init__()
+        self.model, self.criterion = model, criterion
+
+    def forward(self, sample):
+        return self.criterion(self.model, sample)
+
+
+def spawned(function, args: Tuple, count: int) -> List:
+    """Run ``function(rank, *args, results)`` in ``count`` fresh processes
+    and return what each put on ``results`` (small values: the processes
+    are joined before the queue is read)."""
+    import torch.multiprocessing as mp
+
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(function, args=(*args, results), nprocs=count)
+    return [results.get() for _ in range(count)]
