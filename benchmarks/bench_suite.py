@@ -14,7 +14,11 @@ Systems (``hybrid_lstm_base`` size: 2+2 layers of 256, Tatoeba batches of
   ``--hybrid-placement auto``), pure model parallel, pure data parallel
   inside one process;
 * data parallel across K processes (gloo, one device and thread each,
-  PyTorch DistributedDataParallel, each process on every K-th batch);
+  PyTorch DistributedDataParallel, each process on every K-th batch, so
+  a step trains K batches; with ``--global-batch`` each process on its
+  share of every batch's sentences, so a step trains one batch, as every
+  other system does: the comparison of a user whose global batch is
+  fixed);
 * the machine's ceiling: K independent copies of the single-device step at
   once.
 
@@ -37,7 +41,7 @@ import threading
 import time
 
 from fairseq_hybrid.harness.measuring import NO_DATA, System, batches, build, suite_systems, train_steps
-from fairseq_hybrid.planning.training_steps import LossOf, spawned
+from fairseq_hybrid.planning.training_steps import LossOf, share_of, spawned
 
 
 def system_named(name: str, k: int) -> System:
@@ -72,9 +76,11 @@ def peak_memory(device, k):
     return {"process (peak RSS)": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def gloo_process(rank, k, data, max_tokens, count, port, results):
+def gloo_process(rank, k, data, max_tokens, count, port, global_batch, results):
     """One of K processes of plain data parallelism: PyTorch's
-    DistributedDataParallel over gloo around the model and its criterion."""
+    DistributedDataParallel over gloo around the model and its criterion,
+    on every K-th batch, or with ``global_batch`` on its share of every
+    batch's sentences."""
     import torch
     import torch.distributed as dist
 
@@ -92,11 +98,17 @@ def gloo_process(rank, k, data, max_tokens, count, port, results):
         # the DDP wrapper stands in for the criterion: it runs model and loss
         return train_steps(model, lambda _, sample: step(sample), optimizer, chosen)[0]
 
-    train_on(samples[rank:rank + 1])  # warm-up (train_steps puts the model in training mode)
+    if global_batch:
+        pad = task.target_dictionary.pad()
+        warm, timed = [share_of(sample, rank, k, pad) for sample in samples[:1]], \
+            [share_of(sample, rank, k, pad) for sample in samples[2:]]
+    else:
+        # every rank the same number of steps, or DDP's all-reduce waits forever
+        warm, timed = samples[rank:rank + 1], samples[2 + rank:2 + k * (count // k):k]
+    train_on(warm)  # warm-up (train_steps puts the model in training mode)
     dist.barrier()
     start = time.perf_counter()
-    # every rank the same number of steps, or DDP's all-reduce waits forever
-    tokens = train_on(samples[2 + rank:2 + k * (count // k):k])
+    tokens = train_on(timed)
     dist.barrier()
     results.put((rank, tokens, time.perf_counter() - start, peak_memory("cpu", 1)))
     dist.destroy_process_group()
@@ -111,7 +123,7 @@ def run_one(args):
     k, device = args.devices, args.device
     system = system_named(args.one, k)
     if system.kind == "gloo":
-        rows = spawned(gloo_process, (k, args.data, args.max_tokens, args.batches, args.port), k)
+        rows = spawned(gloo_process, (k, args.data, args.max_tokens, args.batches, args.port, args.global_batch), k)
         tokens = sum(row[1] for row in rows)
         seconds = max(row[2] for row in rows)
         memory = {f"process {row[0]} (peak RSS)": row[3]["process (peak RSS)"] for row in rows}
@@ -171,8 +183,10 @@ def write_outputs(result, out):
         lines.append(f"| {name} | {row['target_tokens_per_s']:,.0f} | {row['speedup']:.2f}x | "
                      f"{row['fraction_of_ceiling']:.0%} | {row['target_tokens_per_s'] / lstm:.2f}x | {memory} |")
     lines.append("")
+    ranks = ("the gloo processes each on a share of every batch (one batch a step)" if result.get("global_batch")
+             else "the gloo processes each on every K-th batch (K batches a step)")
     lines.append(f"{result['device']}, {k} devices, --max-tokens {result['max_tokens']}, {result['rounds']} rounds x "
-                 f"{result['batches']} batches per system, every system in a fresh process per round; "
+                 f"{result['batches']} batches per system, every system in a fresh process per round; {ranks}; "
                  f"one intra-op thread per device unless the name says otherwise; measured {result['date']}.")
     groups = {name: row["group"] for name, row in rows.items() if row.get("group")}
     if groups:
@@ -228,6 +242,9 @@ def main(argv=None):
     parser.add_argument("--no-simulation", action="store_true", help="skip the simulator's validation")
     parser.add_argument("--systems", default=None,
                         help="run only these systems (names as in the table, separated by ';'; default all)")
+    parser.add_argument("--global-batch", action="store_true",
+                        help="the gloo processes split every batch's sentences (one batch a step, as the other "
+                        "systems train) instead of each taking every K-th batch")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not os.path.isdir(args.data):
@@ -252,7 +269,8 @@ def main(argv=None):
         for name in names:
             command = [sys.executable, os.path.abspath(__file__), args.data, "--one", name, "--device", args.device,
                        "--devices", str(args.devices), "--max-tokens", str(args.max_tokens),
-                       "--batches", str(args.batches), "--port", str(args.port)]
+                       "--batches", str(args.batches), "--port", str(args.port)] + \
+                (["--global-batch"] if args.global_batch else [])
             done = subprocess.run(command, capture_output=True, text=True)
             line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
             if done.returncode != 0 or not line:
@@ -269,7 +287,7 @@ def main(argv=None):
             print(f"round {round_index + 1}: {name:48s} {one['tokens'] / one['seconds']:8,.0f} target tokens/s",
                   flush=True)
     result = {"device": args.device, "devices": args.devices, "max_tokens": args.max_tokens,
-              "batches": args.batches, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
+              "global_batch": args.global_batch, "batches": args.batches, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
               "minutes": (time.time() - started) / 60, "placement": "auto", "systems": {}}
     for system in suite_systems(args.devices):
         if system.name not in totals:

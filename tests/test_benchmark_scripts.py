@@ -68,6 +68,20 @@ def test_bench_suite_refuses_fewer_batches_than_processes(binarized):
     assert result.returncode == 2 and "every one of the K gloo processes needs at least one timed batch" in result.stderr
 
 
+def test_bench_suite_ranks_can_split_each_batch(binarized):
+    """With --global-batch the gloo processes train their shares of the
+    same batches one device trains: together the same target tokens."""
+    def tokens(name, *extra):
+        done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), str(binarized / "bin"),
+                               "--one", name, "--batches", "2", "--max-tokens", "200", "--port", "29675", *extra],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.split("RESULT ", 1)[1])["tokens"]
+
+    one = tokens("hybrid_lstm_base, 1 device")
+    assert tokens("data parallel across 2 gloo processes", "--global-batch") == one
+
+
 def test_the_gpu_check_fits_the_machine_that_may_be_lent():
     """One H200 for 15 minutes of device time, start-up included: the
     check's phase limits add up to its 8-minute budget or less."""

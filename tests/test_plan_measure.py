@@ -13,7 +13,8 @@ import torch
 
 from conftest import BIN
 from fairseq_hybrid.commands import plan
-from fairseq_hybrid.commands.plan_candidate import padded_tokens, rows_of
+from fairseq_hybrid.commands.plan_candidate import padded_tokens
+from fairseq_hybrid.planning.training_steps import rows_of, share_of
 from fairseq_hybrid.planning.cpu_calibration import cpu_costs, ring_bandwidth, scaled
 from fairseq_hybrid.planning.data_parallel_cost import ring_allreduce_seconds
 from fairseq_hybrid.planning.race import race
@@ -33,6 +34,8 @@ def test_a_rank_takes_its_rows_of_the_batch():
     assert torch.equal(half["net_input"]["src_tokens"], sample["net_input"]["src_tokens"][2:])
     assert half["net_input"]["src_lengths"].tolist() == [2, 2]
     assert padded_tokens([rows_of(sample, 0, 2, pad), half]) == padded_tokens([sample]) == 4 * 6
+    thirds = [share_of(sample, rank, 3, pad)["id"].tolist() for rank in range(3)]
+    assert thirds == [[0], [1], [2, 3]]
 
 
 def test_the_calibrated_costs_price_ranks_and_links_as_measured():
@@ -59,36 +62,67 @@ def test_the_calibrated_costs_price_ranks_and_links_as_measured():
 
 def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_path, capsys):
     """Two CPU devices: one device with both threads, DDP over gloo, a
-    group; each measured in one round and set beside its prediction, which
-    is race()'s under the calibration the run measured."""
+    group; each measured in two rounds and set beside its prediction, which
+    is race()'s under the calibration the run measured: the plan's for the
+    first round, a second calibration's (the group's choices kept) for the
+    second, the ratio the median of the rounds' ratios."""
     out = tmp_path / "measured.json"
     data = str(binarized / "bin")
-    code = plan.main(["--measure", "cpu,cpu", "--batches", "2", "--rounds", "1", "--micro-batches", "1",
+    code = plan.main(["--measure", "cpu,cpu", "--batches", "2", "--rounds", "2", "--micro-batches", "1,2",
                       "--json", str(out), "--", "fairseq-train", data, *TINY])
     printed = capsys.readouterr()
     assert code == 0, printed.err
     result = json.loads(out.read_text())
     names = [row["name"] for row in result["rows"]]
     assert names == ["one GPU", "DDP on 2", "one group of 2"]
+    assert len(result["calibrations"]) == 2 and result["calibrations"][0] == result["calibration"]
+    assert result["calibrations"][1]["engine_seconds"] != result["calibration"]["engine_seconds"]  # measured again
     for row in result["rows"]:
-        assert row["measured_tokens_per_s"] > 0 and len(row["measured_rounds"]) == 1
-        assert row["measured_vs_predicted"] == pytest.approx(row["measured_tokens_per_s"] / row["tokens_per_s"])
+        assert row["measured_tokens_per_s"] > 0 and len(row["measured_rounds"]) == 2
+        assert row["predicted_rounds"][0] == row["tokens_per_s"]
+        ratios = [value / price for value, price in zip(row["measured_rounds"], row["predicted_rounds"])]
+        assert row["measured_vs_predicted"] == pytest.approx(sum(ratios) / 2)
     calibration = result["calibration"]
     assert calibration["slowdown"] > 0 and calibration["reduce_seconds"] > 0
     assert "fitted to" in calibration["one_thread"]["note"] and "cell times" in calibration["one_thread"]["note"]
     assert calibration["engine_seconds"] > 0 and calibration["plain_all_threads_seconds"] > 0
-    # one code path: the same rows from race() under the calibration's costs
+    # one code path: the same rows from race() under each round's calibration
     args = plan.parse_training([data, *TINY])
     load = plan.workload(args, plan.build_parser().parse_args(["--gpus", "2", "--batches", "2"]))
-    costs, rank = cpu_costs(calibration)
-    rows = race(load.model, load.cfg, costs, 2, result["sentences"], result["source"], result["target"], (1,), None,
-                rank_cost=rank)
-    for mine, theirs in zip(result["rows"], rows):
-        assert mine["step_ms"] == pytest.approx(theirs.step.total * 1e3, rel=1e-12)
+    group = result["rows"][2]
+    kept = {2: {key: group[key] for key in ("micro_batches", "chunk_length", "placement")}}
+    for index, choices in ((0, None), (1, kept)):
+        costs, rank = cpu_costs(result["calibrations"][index])
+        rows = race(load.model, load.cfg, costs, 2, result["sentences"], result["source"], result["target"], (1, 2),
+                    None, rank_cost=rank, choices=choices)
+        tokens = result["sentences"] * (result["source"] + result["target"])
+        for mine, theirs in zip(result["rows"], rows):
+            assert mine["predicted_rounds"][index] == pytest.approx(tokens / theirs.step.total, rel=1e-12)
     assert result["fastest_measured"] in names
-    assert "[measure] calibrated in" in printed.err and "[measure] round 1/1: DDP on 2" in printed.err
+    assert "[measure] calibrated in" in printed.err and "[measure] round 2/2: DDP on 2" in printed.err
+    assert printed.err.count("[measure] calibrated in") == 2
     assert "measured/predicted" in printed.out and "<- fastest measured" in printed.out
+    assert "each round priced with a calibration run just before it" in printed.out
     assert "Run the fastest measured with:" in printed.out
+
+
+def test_a_group_priced_with_given_choices_is_priced_as_searched():
+    """race(choices=...) prices the group at the choices given, without a
+    search: at the search's own choices the same step, at others another."""
+    args = plan.parse_training(["-", *TINY])
+    own = plan.build_parser().parse_args(["--gpus", "2"])
+    plan.check_own(own)
+    load = plan.workload(args, own)
+    costs = plan.costs_for(own, load)
+    searched = race(load.model, load.cfg, costs, 2, 16, 20, 20, (1, 2, 4))
+    group = searched[2]
+    same = race(load.model, load.cfg, costs, 2, 16, 20, 20, (1, 2, 4), choices={2: group.choice})
+    assert same[2].choice == group.choice and same[2].step.total == pytest.approx(group.step.total, rel=1e-12)
+    other_count = 1 if group.choice["micro_batches"] != 1 else 2
+    other = race(load.model, load.cfg, costs, 2, 16, 20, 20, (1, 2, 4),
+                 choices={2: dict(group.choice, micro_batches=other_count)})
+    assert other[2].choice["micro_batches"] == other_count and other[2].step.total >= group.step.total
+    assert [row.step.total for row in other[:2]] == [row.step.total for row in searched[:2]]
 
 
 @pytest.mark.slow

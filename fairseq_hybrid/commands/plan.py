@@ -33,7 +33,8 @@ simulator's, not each batch's own); without it, ``--sentence-length``.
 With ``--measure DEVICES`` it also runs every candidate for a few steps on
 those devices, in alternating rounds, and prints the measured tokens/s
 beside the prediction (:mod:`.plan_measure`); on CPU devices it first
-calibrates the cost model it prices them with on this machine::
+calibrates the cost model it prices them with on this machine (and again
+before every later round, each round compared with its own price)::
 
   fairseq-hybrid-plan --measure cpu,cpu -- fairseq-train data-bin --arch hybrid_lstm_base --max-tokens 2000
 """
@@ -49,7 +50,7 @@ import shlex
 import sys
 import time
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..planning.gpu_costs import PUBLISHED_SETS
 from .plan_measure import SET_PER_CANDIDATE, MeasureError, calibrate, devices_of, measure, measured_lines
@@ -249,21 +250,16 @@ def costs_for(own, workload: Workload):
         raise PlanError(f"--one-device-tokens-per-s {tokens_per_s:g}: {error}") from error
 
 
-def plan(own, args, progress=print) -> Dict:
-    """The race for the user's command: its candidates as rows, the
-    fastest's name, and what the prices assumed."""
+def priced_rows(load: Workload, own, costs, rank_cost, progress=lambda text: None,
+                choices: Optional[Dict[int, Dict]] = None) -> Tuple[List[Dict], str]:
+    """The race's rows for ``load`` under ``costs`` (``choices``: the
+    groups' choices priced as given, :func:`race.race`), each with its
+    tokens/s, and the fastest's name."""
     from ..planning.race import fastest, race
 
-    load = workload(args, own)
-    progress(f"[plan] global batch: {load.sentences} sentences ({load.where})")
-    costs, rank_cost = own.cpu_costs if own.cpu_costs else (costs_for(own, load), None)
-    started = time.time()
-
-    def step_progress(text: str) -> None:
-        progress(f"[plan] {text} ({time.time() - started:.0f} s so far)")
-
     rows = race(load.model, load.cfg, costs, own.gpus, load.sentences, load.source, load.target,
-                own.micro_batches, None, group_sizes=own.group_sizes, progress=step_progress, rank_cost=rank_cost)
+                own.micro_batches, None, group_sizes=own.group_sizes, progress=progress, rank_cost=rank_cost,
+                choices=choices)
     tokens = load.sentences * (load.source + load.target)
     ddp = rows[1] if len(rows) > 1 else None
     table = []
@@ -271,11 +267,50 @@ def plan(own, args, progress=print) -> Dict:
         entry = row.as_dict(rows[0], ddp)
         entry["tokens_per_s"] = tokens / row.step.total
         table.append(entry)
+    return table, fastest(rows).name
+
+
+def plan(own, args, progress=print, load: Optional[Workload] = None) -> Dict:
+    """The race for the user's command: its candidates as rows, the
+    fastest's name, and what the prices assumed."""
+    load = load or workload(args, own)
+    progress(f"[plan] global batch: {load.sentences} sentences ({load.where})")
+    costs, rank_cost = own.cpu_costs if own.cpu_costs else (costs_for(own, load), None)
+    started = time.time()
+
+    def step_progress(text: str) -> None:
+        progress(f"[plan] {text} ({time.time() - started:.0f} s so far)")
+
+    table, fastest_name = priced_rows(load, own, costs, rank_cost, step_progress)
     return {"gpus": own.gpus, "cost_set": None if own.cpu_costs else own.cost_set, "cost_file": own.cost_file,
             "measured_on": own.measured_on, "calibration": own.calibration,
             "host_cost": own.host_cost, "sentences": load.sentences,
             "source": load.source, "target": load.target, "shape": load.where, "rows": table,
-            "fastest": fastest(rows).name}
+            "fastest": fastest_name}
+
+
+def round_predictions(result: Dict, load: Workload, own, measured: List[str], progress) -> Callable:
+    """On CPU devices, what each round of ``--measure`` is compared with:
+    round 1 the plan's prices (its calibration ran just before); each later
+    round a calibration of its own, run just before it, pricing the same
+    choices again, so that a machine whose speed drifts over minutes is
+    compared with itself.  A function of the round's index giving each
+    candidate's predicted tokens/s."""
+    from ..planning.cpu_calibration import cpu_costs
+
+    choices = {row["group_size"]: {key: row[key] for key in ("micro_batches", "chunk_length", "placement")}
+               for row in result["rows"] if row["group_size"] > 1}
+    result["calibrations"] = [result["calibration"]]
+
+    def predicted(round_index: int) -> Dict[str, float]:
+        if round_index == 0:
+            return {row["name"]: row["tokens_per_s"] for row in result["rows"]}
+        calibration = calibrate(measured, own.devices, own.batches, progress)
+        result["calibrations"].append(calibration)
+        table, _ = priced_rows(load, own, *cpu_costs(calibration), choices=choices)
+        return {row["name"]: row["tokens_per_s"] for row in table}
+
+    return predicted
 
 
 def without(train: List[str], names: Sequence[str]) -> List[str]:
@@ -472,10 +507,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
         if own.devices:
             measured = measuring_setup(own, args, train, progress)
-        result = plan(own, args, progress=progress)
+        load = workload(args, own)
+        result = plan(own, args, progress=progress, load=load)
         if own.devices:
-            measure(result, measured, own.devices, own.rounds, own.batches,
-                    lambda text: progress(f"[measure] {text}"))
+            said = lambda text: progress(f"[measure] {text}")  # noqa: E731
+            predicted = round_predictions(result, load, own, measured, said) if own.calibration else None
+            measure(result, measured, own.devices, own.rounds, own.batches, said, predicted)
     except PlanError as error:
         print(f"fairseq-hybrid-plan: {error}", file=sys.stderr)
         return 2

@@ -42,9 +42,9 @@ from typing import Dict, List, Sequence
 import torch
 
 from ..planning.data_parallel_cost import BUCKET_BYTES, gradient_bytes
-from ..planning.training_steps import LossOf, command_batches, spawned, train_steps
+from ..planning.training_steps import LossOf, command_batches, share_of, spawned, train_steps
 
-__all__ = ["build", "rows_of", "padded_tokens", "main"]
+__all__ = ["build", "padded_tokens", "main"]
 
 REPEATS = 2  # passes of each whole-step timing in the calibration
 
@@ -81,23 +81,6 @@ def build(train: List[str], devices: Sequence[str], group: Dict = None):
 def drawn(task, cfg, count: int, seed: int = 1):
     return command_batches(task, cfg.dataset.max_tokens, cfg.dataset.batch_size, count, seed,
                            cfg.dataset.train_subset)
-
-
-def rows_of(sample: Dict, start: int, stop: int, pad: int) -> Dict:
-    """Sentences ``start:stop`` of a fairseq batch, its counts redone."""
-    rows = sample["target"].size(0)
-
-    def cut(value):
-        if isinstance(value, dict):
-            return {key: cut(item) for key, item in value.items()}
-        if torch.is_tensor(value) and value.dim() > 0 and value.size(0) == rows:
-            return value[start:stop]
-        return value
-
-    out = cut(sample)
-    out["nsentences"] = stop - start
-    out["ntokens"] = int(out["target"].ne(pad).sum())
-    return out
 
 
 def padded_tokens(samples: Sequence[Dict]) -> int:
@@ -160,10 +143,7 @@ def rank_process(rank: int, spec: Dict, results) -> None:
                             world_size=ranks, timeout=datetime.timedelta(minutes=5))
     task, cfg, model, criterion = build(spec["train"], mine, spec["group"] if per > 1 else None)
     pad = task.target_dictionary.pad()
-    samples = []
-    for sample in drawn(task, cfg, spec["batches"]):
-        rows = sample["target"].size(0)
-        samples.append(rows_of(sample, rank * rows // ranks, (rank + 1) * rows // ranks, pad))
+    samples = [share_of(sample, rank, ranks, pad) for sample in drawn(task, cfg, spec["batches"])]
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     device = mine[0]
     if per == 1:

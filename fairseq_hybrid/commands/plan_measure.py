@@ -16,7 +16,11 @@ On CPU devices the prediction is priced with a cost model measured first
 on this machine (one device's cells with one thread and with all of
 them, the slowdown of K devices at once, gloo's all-reduce;
 :mod:`fairseq_hybrid.planning.cpu_calibration`), on other batches than
-the timed ones; on CUDA devices with the cost set or cost file given.
+the timed ones, and calibrated again before every later round, each
+round's measurement compared with its own calibration's price of the
+same choices: a shared machine drifts by 15% within minutes, more than a
+calibration made once can hold.  On CUDA devices the prediction is the
+cost set's or cost file's.
 """
 
 from __future__ import annotations
@@ -128,26 +132,39 @@ def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int) 
 
 
 def measure(result: Dict, train: List[str], devices: Sequence[str], rounds: int, batches: int,
-            progress: Callable[[str], None]) -> None:
+            progress: Callable[[str], None],
+            predicted: Optional[Callable[[int], Dict[str, float]]] = None) -> None:
     """Run every row of ``result`` ``rounds`` times, alternating, and put
     its measured tokens/s (median, lowest, highest) and its ratio to the
     prediction in the row; ``result['fastest_measured']`` names the
-    fastest by median."""
+    fastest by median.
+
+    ``predicted``: a function of the round's index giving that round's
+    prediction per candidate (on CPU devices each round has a calibration
+    of its own); the ratio is then the median of the rounds' ratios and
+    the row's ``predicted_median`` the median of its predictions.  Without
+    it every round is compared with the plan's ``tokens_per_s``."""
     started = time.time()
     readings: Dict[str, List[float]] = {row["name"]: [] for row in result["rows"]}
+    prices: Dict[str, List[float]] = {row["name"]: [] for row in result["rows"]}
     for round_index in range(rounds):
+        now = predicted(round_index) if predicted else {row["name"]: row["tokens_per_s"] for row in result["rows"]}
         for row in result["rows"]:
             one = run(spec_for(row, train, devices, batches), f"{row['name']} (round {round_index + 1})")
             readings[row["name"]].append(one["tokens"] / one["seconds"])
+            prices[row["name"]].append(now[row["name"]])
             progress(f"round {round_index + 1}/{rounds}: {row['name']}: {readings[row['name']][-1]:,.0f} tokens/s "
-                     f"measured ({time.time() - started:.0f} s so far)")
+                     f"measured, {now[row['name']]:,.0f} predicted ({time.time() - started:.0f} s so far)")
     for row in result["rows"]:
-        values = readings[row["name"]]
+        values, prices_of = readings[row["name"]], prices[row["name"]]
         row["measured_tokens_per_s"] = statistics.median(values)
         row["measured_rounds"] = values
-        row["measured_vs_predicted"] = row["measured_tokens_per_s"] / row["tokens_per_s"]
+        row["predicted_rounds"] = prices_of
+        row["predicted_median"] = statistics.median(prices_of)
+        row["measured_vs_predicted"] = statistics.median(value / price for value, price in zip(values, prices_of))
     result["fastest_measured"] = max(result["rows"], key=lambda row: row["measured_tokens_per_s"])["name"]
-    result["measured"] = {"devices": list(devices), "rounds": rounds, "batches": batches, "warmup": WARMUP}
+    result["measured"] = {"devices": list(devices), "rounds": rounds, "batches": batches, "warmup": WARMUP,
+                          "priced_each_round": predicted is not None}
 
 
 def measured_lines(result: Dict) -> List[str]:
@@ -155,11 +172,13 @@ def measured_lines(result: Dict) -> List[str]:
     where = result["measured"]["devices"]
     lines = [f"Measured on {','.join(where)}: {result['measured']['rounds']} rounds of {result['measured']['batches']} "
              f"timed steps each (after {result['measured']['warmup']}), every candidate in a fresh process per round, "
-             "the median:", "",
+             "the median" + ("; each round priced with a calibration run just before it (predicted: the rounds' "
+                             "median; measured/predicted: the median of the rounds' ratios):"
+                             if result["measured"].get("priced_each_round") else ":"), "",
              f"{'candidate':<28} {'predicted':>10} {'measured':>10} {'lowest-highest':>17} {'measured/predicted':>19}"]
     for row in result["rows"]:
         mark = "  <- fastest measured" if row["name"] == result["fastest_measured"] else ""
         span = f"{min(row['measured_rounds']):,.0f}-{max(row['measured_rounds']):,.0f}"
-        lines.append(f"{row['name']:<28} {row['tokens_per_s']:>10,.0f} {row['measured_tokens_per_s']:>10,.0f} "
+        lines.append(f"{row['name']:<28} {row['predicted_median']:>10,.0f} {row['measured_tokens_per_s']:>10,.0f} "
                      f"{span:>17} {row['measured_vs_predicted']:>19.2f}{mark}")
     return lines

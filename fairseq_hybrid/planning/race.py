@@ -147,7 +147,7 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
          micro_batch_counts: Sequence[int] = (1, 2, 4), lengths=None,
          group_sizes: Optional[Sequence[int]] = None, progress: Callable[[str], None] = lambda text: None,
          memo: Optional[Dict] = None, rank_cost: Optional[CostModel] = None,
-         replica_copies: bool = True) -> List[Candidate]:
+         replica_copies: bool = True, choices: Optional[Dict[int, Dict]] = None) -> List[Candidate]:
     """Every candidate on ``gpus`` GPUs at a global batch of
     ``global_sentences`` sentences of ``source`` + ``target`` tokens: one
     GPU at the whole batch (the reference), DDP at ``global_sentences /
@@ -161,8 +161,12 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
     rank runs beside the others and one device alone has every core), its
     link also pricing the groups' all-reduce.  ``replica_copies=False``:
     the what-if of a group whose replicas' copies cost nothing (the
-    ceiling of any faster way to move them)."""
-    memo = {} if memo is None else memo
+    ceiling of any faster way to move them).  ``choices``: for a group
+    size, the micro-batches, chunk length and placement to price as given
+    (:func:`chosen`'s dict) instead of searching them (what
+    ``fairseq-hybrid-plan --measure`` runs, priced again under a later
+    calibration)."""
+    memo = {} if memo is None or choices else memo
     model_bytes = gradient_bytes(model)
     one_cost = costs(1)[1]
     one = Candidate("one GPU", 1, 1, 1, global_sentences,
@@ -184,8 +188,14 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
         group_cost = costs(k)[0]  # one cost model a size (it reads the host-cost file)
         if key not in memo:
             progress(f"pricing a group of {k} at {sentences} sentences")
-            memo[key] = best_group(model, cfg, k, group_cost, uniform_batch(sentences, source, target),
-                                   micro_batch_counts, lengths, replica_copies=replica_copies)
+            sample = uniform_batch(sentences, source, target)
+            if choices and k in choices:
+                given = choices[k]
+                memo[key] = best_group(model, cfg, k, group_cost, sample, [given["micro_batches"]],
+                                       [given["chunk_length"]], given["placement"], replica_copies)
+            else:
+                memo[key] = best_group(model, cfg, k, group_cost, sample, micro_batch_counts, lengths,
+                                       replica_copies=replica_copies)
         group = memo[key]
         groups = gpus // k
         if groups == 1:

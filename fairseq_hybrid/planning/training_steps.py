@@ -11,7 +11,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from fairseq import utils
 
-__all__ = ["command_batches", "on_device", "backward_step", "synchronize", "train_steps", "LossOf", "spawned"]
+__all__ = ["command_batches", "rows_of", "share_of", "on_device", "backward_step", "synchronize", "train_steps",
+           "LossOf", "spawned"]
 
 
 def command_batches(task, max_tokens: Optional[int], batch_size: Optional[int], count: int, seed: int = 1,
@@ -28,6 +29,30 @@ def command_batches(task, max_tokens: Optional[int], batch_size: Optional[int], 
         warnings.simplefilter("ignore")
         iterator = epoch.next_epoch_itr(shuffle=True)
         return [next(iterator) for _ in range(min(count, len(iterator)))]
+
+
+def rows_of(sample: Dict, start: int, stop: int, pad: int) -> Dict:
+    """Sentences ``start:stop`` of a fairseq batch, its counts redone: a
+    DDP rank's share of a global batch that stays the user's."""
+    rows = sample["target"].size(0)
+
+    def cut(value):
+        if isinstance(value, dict):
+            return {key: cut(item) for key, item in value.items()}
+        if torch.is_tensor(value) and value.dim() > 0 and value.size(0) == rows:
+            return value[start:stop]
+        return value
+
+    out = cut(sample)
+    out["nsentences"] = stop - start
+    out["ntokens"] = int(out["target"].ne(pad).sum())
+    return out
+
+
+def share_of(sample: Dict, rank: int, ranks: int, pad: int) -> Dict:
+    """Rank ``rank``'s share of ``sample``'s sentences among ``ranks``."""
+    rows = sample["target"].size(0)
+    return rows_of(sample, rank * rows // ranks, (rank + 1) * rows // ranks, pad)
 
 
 def on_device(sample, device):
