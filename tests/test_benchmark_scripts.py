@@ -82,6 +82,20 @@ def test_bench_suite_ranks_can_split_each_batch(binarized):
     assert tokens("data parallel across 2 gloo processes", "--global-batch") == one
 
 
+@pytest.mark.benchmark
+def test_lstm_call_floor_smoke(tmp_path):
+    """PyTorch's bare LSTM call beside the engine's LSTM cell: ops, times,
+    the kernel's share taken out of both."""
+    out = tmp_path / "floor.json"
+    run(sys.executable, os.path.join(BENCHMARKS, "lstm_call_floor.py"), "--repeats", "5", "--steps", "2", "--json",
+        out, timeout=300)
+    report = json.load(open(out))
+    for entry in report["bare_call"].values():
+        assert entry["op_names"]["aten::mkldnn_rnn_layer"] == 1 and 0 < entry["kernel_share"] < 1
+        assert 0 < entry["without_kernel_us"] < entry["us"]
+    assert report["cell"]["ops"] > report["bare_call"]["packed"]["ops"] and report["cell"]["without_kernel_us"] > 0
+
+
 def test_the_gpu_check_fits_the_machine_that_may_be_lent():
     """One H200 for 15 minutes of device time, start-up included: the
     check's phase limits add up to its 8-minute budget or less."""
