@@ -13,7 +13,8 @@ backward, at the shape of ``bench_host_cost.py``'s cells (hidden size 8,
 8 sentences of 32 tokens, K = 1, whole sequences: padded, as the encoder's
 cells run when every row spans the chunk, and packed, as the decoder's
 do), with its kernel op's share taken out the same way, and sets it
-beside the engine's LSTM cell measured in the same run: the cell's floor
+beside the engine's LSTM cell measured in the same run (``bench_host_cost.py``, run
+as a script of its own): the cell's floor
 on CPU, and what is left for the engine.
 
   .venv/bin/python benchmarks/lstm_call_floor.py --json docs/bench/lstm_call_floor.json
@@ -28,18 +29,34 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_host_cost import LSTM_KERNELS, TINY, measure, ops_per_cell  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+SENTENCES, LENGTH, HIDDEN = 8, 32, 8  # bench_host_cost.py's defaults and its model's hidden size
+LSTM_KERNELS = ("aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward")  # oneDNN's, as on this CPU
 
-SENTENCES, LENGTH = 8, 32
-HIDDEN = TINY["decoder_hidden_size"]
+
+def engine_cell(steps: int):
+    """The engine's LSTM cell at K = 1, whole sequences, as
+    ``bench_host_cost.py`` measures it (run as a script of its own): time
+    per phase, its kernel's share, aten ops and their names."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "host_cost.json")
+        subprocess.run([sys.executable, os.path.join(HERE, "bench_host_cost.py"), "--groups", "1", "--chunk-lengths",
+                        "0", "--steps", str(steps), "--sentences", str(SENTENCES), "--length", str(LENGTH), "--json",
+                        out], check=True, stdout=subprocess.DEVNULL)
+        with open(out) as file:
+            report = json.load(file)
+    row = next(row for row in report["rows"] if row["k"] == 1 and row["chunk_length"] == 0)
+    return (row["cell_us"], report["lstm_kernel_share_k1_whole"], report["ops_per_cell_k1_whole"]["lstm"],
+            report["top_ops_per_cell_k1_whole"]["lstm"])
 
 
 def call(lstm: torch.nn.LSTM, packed: bool):
@@ -119,22 +136,20 @@ def main(argv=None) -> int:
         wall = timed_us(run, args.repeats)
         bare[name] = {"ops": sum(ops.values()), "op_names": ops, "us": wall, "kernel_share": share,
                       "without_kernel_us": wall * (1 - share)}
-    row = measure(1, 0, args.steps, SENTENCES, LENGTH)
-    counts, shares, top = ops_per_cell(0, SENTENCES, LENGTH)
-    cell_us = sum(row["cell_us"][f"lstm/{phase}"] for phase in ("forward", "backward"))
-    cell_without = sum(row["cell_us"][f"lstm/{phase}"] * (1 - shares[f"lstm/{phase}"])
-                       for phase in ("forward", "backward"))
+    times, shares, cell_ops, top = engine_cell(args.steps)
+    cell_us = sum(times[f"lstm/{phase}"] for phase in ("forward", "backward"))
+    cell_without = sum(times[f"lstm/{phase}"] * (1 - shares[f"lstm/{phase}"]) for phase in ("forward", "backward"))
     floor = min(entry["without_kernel_us"] for entry in bare.values())
     report = {"machine": platform.machine(), "processor": platform.processor(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "bare_call": bare,
-              "cell": {"ops": counts["lstm"], "op_names": top["lstm"], "us": cell_us,
+              "cell": {"ops": cell_ops, "op_names": top, "us": cell_us,
                        "without_kernel_us": cell_without, "kernel_share": shares},
               "floor_share_of_cell_without_kernel": floor / cell_without}
     print(f"{'':34} {'aten ops':>9} {'us (fwd+bwd)':>13} {'without kernel op':>18}")
     for name, entry in bare.items():
         print(f"{'torch._VF.lstm alone, ' + name:34} {entry['ops']:>9} {entry['us']:>13,.0f} "
               f"{entry['without_kernel_us']:>18,.0f}")
-    print(f"{'the engine LSTM cell (median)':34} {counts['lstm']:>9.1f} {cell_us:>13,.0f} {cell_without:>18,.0f}")
+    print(f"{'the engine LSTM cell (median)':34} {cell_ops:>9.1f} {cell_us:>13,.0f} {cell_without:>18,.0f}")
     print(f"\nPyTorch's own call without its kernel: {report['floor_share_of_cell_without_kernel']:.0%} of the "
           "cell's host time without its kernel (the engine's share: the rest)")
     if args.json:
