@@ -164,6 +164,27 @@ def test_bad_input_gets_one_line_and_exit_status_2(case):
     assert len(lines) == 1 and lines[0].startswith("fairseq-hybrid-plan: ") and message in lines[0], result.stderr
 
 
+def test_measure_refuses_batches_too_small_to_split_before_calibrating(binarized):
+    """A batch with fewer sentences than DDP's ranks would leave a rank
+    nothing to train (the fixture at --max-tokens 100: 2.25 sentences a
+    batch on average, the fewest 1): refused in one line, before the
+    calibration's minute.  A --max-tokens below the longest sentence, which
+    fairseq's sampler asserts on, is refused in one line too."""
+    def planned(max_tokens):
+        tiny = [token if token != "400" else max_tokens for token in TINY]
+        return subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), "--measure", "cpu,cpu", "--",
+                               "fairseq-train", str(binarized / "bin"), *tiny], capture_output=True, text=True,
+                              timeout=120)
+
+    small = planned("100")
+    assert small.returncode == 2 and "has 1: give a larger --max-tokens" in small.stderr, small.stderr
+    assert "calibrat" not in small.stderr
+    short = planned("24")
+    lines = [line for line in short.stderr.splitlines() if line.strip()]
+    assert short.returncode == 2 and len(lines) == 1, short.stderr
+    assert "fairseq's batch sampler refuses the command: Sentences lengths should not exceed max_tokens=24" in lines[0]
+
+
 def test_measure_refuses_accumulated_steps(binarized):
     result = subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), "--measure", "cpu,cpu", "--", "fairseq-train",
                              str(binarized / "bin"), *TINY, "--update-freq", "2"], capture_output=True, text=True,

@@ -79,10 +79,12 @@ class Workload:
     ``sentences`` sentences of ``source`` + ``target`` tokens, the model
     (a parameter-free twin) and its options."""
 
-    def __init__(self, model, cfg, sentences: int, source: int, target: int, where: str):
+    def __init__(self, model, cfg, sentences: int, source: int, target: int, where: str,
+                 fewest: Optional[int] = None):
         self.model, self.cfg = model, cfg
         self.sentences, self.source, self.target = sentences, source, target
         self.where = where  # how the shape was found, said in the output
+        self.fewest = fewest  # the fewest sentences of the drawn batches (with data)
 
 
 def split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
@@ -179,10 +181,11 @@ def vocabulary_sizes(args, data: Optional[str], default: int) -> Tuple[int, int]
     return sizes[0], sizes[1]
 
 
-def data_shape(args, count: int) -> Tuple[float, float, float]:
+def data_shape(args, count: int) -> Tuple[float, float, float, int]:
     """Mean sentences per batch and mean source and target lengths (padded
     width, as the simulator pads) of ``count`` training batches drawn by
-    fairseq's batch sampler at the command's ``--max-tokens`` (seed 1)."""
+    fairseq's batch sampler at the command's ``--max-tokens`` (seed 1, the
+    batches ``--measure`` trains on), and the fewest sentences of them."""
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -191,12 +194,16 @@ def data_shape(args, count: int) -> Tuple[float, float, float]:
     cfg = quietly(convert_namespace_to_omegaconf, args)
     task = tasks.setup_task(cfg.task)
     task.load_dataset(cfg.dataset.train_subset)
+    try:
+        drawn = command_batches(task, args.max_tokens, args.batch_size, count, subset=cfg.dataset.train_subset)
+    except AssertionError as error:  # fairseq's sampler: a sentence longer than --max-tokens (fairseq-train too)
+        raise PlanError(f"{args.data}: fairseq's batch sampler refuses the command: {error}") from error
     shapes = [(sample["net_input"]["src_tokens"].size(0), sample["net_input"]["src_tokens"].size(1),
-               sample["target"].size(1)) for sample in command_batches(task, args.max_tokens, args.batch_size, count,
-                                                                  subset=cfg.dataset.train_subset)]
+               sample["target"].size(1)) for sample in drawn]
     if not shapes:
         raise PlanError(f"{args.data}: no training batches at --max-tokens {args.max_tokens}")
-    return tuple(sum(shape[i] for shape in shapes) / len(shapes) for i in range(3))
+    means = tuple(sum(shape[i] for shape in shapes) / len(shapes) for i in range(3))
+    return means + (min(shape[0] for shape in shapes),)
 
 
 def workload(args, own) -> Workload:
@@ -216,11 +223,12 @@ def workload(args, own) -> Workload:
         model, cfg = build_registered(args.arch, VocabularyOfSize(source_words), VocabularyOfSize(target_words),
                                       **options)
     if data:
-        per_batch, source, target = data_shape(args, own.batches)
+        per_batch, source, target, fewest = data_shape(args, own.batches)
         where = (f"{own.batches} batches of {data} at --max-tokens {args.max_tokens}: {per_batch:.1f} sentences "
                  f"of {source:.1f} + {target:.1f} tokens (padded) on average")
         source, target = round(source), round(target)
     else:
+        fewest = None
         source, target = own.sentence_length
         if args.batch_size:
             per_batch = args.batch_size
@@ -232,8 +240,13 @@ def workload(args, own) -> Workload:
     sentences = int(per_batch) * update_freq
     if sentences < own.gpus:
         raise PlanError(f"a global batch of {sentences} sentences cannot be split over {own.gpus} GPUs")
+    devices = getattr(own, "devices", None)
+    if devices and fewest is not None and fewest < len(devices):
+        raise PlanError(f"--measure splits each batch's sentences over up to {len(devices)} DDP ranks, but one "
+                        f"of the {own.batches} batches at --max-tokens {args.max_tokens} has {fewest}: give a larger "
+                        "--max-tokens")
     return Workload(model, cfg, sentences - sentences % own.gpus, source, target,
-                    where + (f", x {update_freq} (--update-freq)" if update_freq > 1 else ""))
+                    where + (f", x {update_freq} (--update-freq)" if update_freq > 1 else ""), fewest)
 
 
 def costs_for(own, workload: Workload):
@@ -505,9 +518,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parse_training(train)
         own.group_sizes = group_sizes(args, own.gpus)
         progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+        load = workload(args, own)  # refuses batches --measure cannot split before it calibrates
         if own.devices:
             measured = measuring_setup(own, args, train, progress)
-        load = workload(args, own)
         result = plan(own, args, progress=progress, load=load)
         if own.devices:
             said = lambda text: progress(f"[measure] {text}")  # noqa: E731
