@@ -100,8 +100,7 @@ def gloo_process(rank, k, data, max_tokens, count, port, global_batch, results):
 
     if global_batch:
         pad = task.target_dictionary.pad()
-        warm, timed = [share_of(sample, rank, k, pad) for sample in samples[:1]], \
-            [share_of(sample, rank, k, pad) for sample in samples[2:]]
+        warm, timed = ([share_of(sample, rank, k, pad) for sample in part] for part in (samples[:1], samples[2:]))
     else:
         # every rank the same number of steps, or DDP's all-reduce waits forever
         warm, timed = samples[rank:rank + 1], samples[2 + rank:2 + k * (count // k):k]
@@ -287,8 +286,8 @@ def main(argv=None):
             print(f"round {round_index + 1}: {name:48s} {one['tokens'] / one['seconds']:8,.0f} target tokens/s",
                   flush=True)
     result = {"device": args.device, "devices": args.devices, "max_tokens": args.max_tokens,
-              "global_batch": args.global_batch, "batches": args.batches, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
-              "minutes": (time.time() - started) / 60, "placement": "auto", "systems": {}}
+              "global_batch": args.global_batch, "batches": args.batches, "rounds": args.rounds,
+              "date": time.strftime("%Y-%m-%d"), "minutes": (time.time() - started) / 60, "placement": "auto", "systems": {}}
     for system in suite_systems(args.devices):
         if system.name not in totals:
             continue

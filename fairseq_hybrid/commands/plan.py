@@ -303,21 +303,19 @@ def plan(own, args, progress=print, load: Optional[Workload] = None) -> Dict:
 
 
 def round_predictions(result: Dict, load: Workload, own, measured: List[str], progress) -> Callable:
-    """On CPU devices, what each round of ``--measure`` is compared with:
-    round 1 the plan's prices (its calibration ran just before); each later
-    round a calibration of its own, run just before it, pricing the same
-    choices again, so that a machine whose speed drifts over minutes is
-    compared with itself.  A function of the round's index giving each
-    candidate's predicted tokens/s."""
+    """On CPU devices, what each later round of ``--measure`` is compared
+    with (the first, with the plan's prices, whose calibration ran just
+    before it): a calibration of its own, run just before the round,
+    pricing the same choices again, so that a machine whose speed drifts
+    over minutes is compared with itself.  A function of the round's index
+    giving each candidate's predicted tokens/s."""
     from ..planning.cpu_calibration import cpu_costs
+    from ..planning.race import chosen
 
-    choices = {row["group_size"]: {key: row[key] for key in ("micro_batches", "chunk_length", "placement")}
-               for row in result["rows"] if row["group_size"] > 1}
+    choices = {row["group_size"]: chosen(row) for row in result["rows"] if row["group_size"] > 1}
     result["calibrations"] = [result["calibration"]]
 
     def predicted(round_index: int) -> Dict[str, float]:
-        if round_index == 0:
-            return {row["name"]: row["tokens_per_s"] for row in result["rows"]}
         calibration = calibrate(measured, own.devices, own.batches, progress)
         result["calibrations"].append(calibration)
         table, _ = priced_rows(load, own, *cpu_costs(calibration), choices=choices)

@@ -119,9 +119,11 @@ def calibrate(train: List[str], devices: Sequence[str], batches: int, progress: 
 def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int) -> Dict:
     """How to run a row of the plan on ``devices`` with the command
     ``train``."""
+    from ..planning.race import chosen
+
     cpu = devices[0] == "cpu"
-    group = {key: row.get(key) for key in ("chunk_length", "micro_batches", "placement")}
-    spec = {"train": train, "batches": batches, "warmup": WARMUP, "group": group if row["group_size"] > 1 else None}
+    spec = {"train": train, "batches": batches, "warmup": WARMUP,
+            "group": chosen(row) if row["group_size"] > 1 else None}
     if row["group_size"] == 1 and row["groups"] == 1:
         # one device; on CPU devices with every core (the other way to use them)
         return dict(spec, kind="one", devices=list(devices[:1]), threads=len(devices) if cpu else 1)
@@ -139,16 +141,18 @@ def measure(result: Dict, train: List[str], devices: Sequence[str], rounds: int,
     prediction in the row; ``result['fastest_measured']`` names the
     fastest by median.
 
-    ``predicted``: a function of the round's index giving that round's
-    prediction per candidate (on CPU devices each round has a calibration
-    of its own); the ratio is then the median of the rounds' ratios and
-    the row's ``predicted_median`` the median of its predictions.  Without
-    it every round is compared with the plan's ``tokens_per_s``."""
+    The first round is compared with the plan's ``tokens_per_s``;
+    ``predicted``, a function of a later round's index, gives that round's
+    prediction per candidate (on CPU devices each later round has a
+    calibration of its own), and without it every round is compared with
+    the plan's.  The ratio is the median of the rounds' ratios, the row's
+    ``predicted_median`` the median of its predictions."""
     started = time.time()
     readings: Dict[str, List[float]] = {row["name"]: [] for row in result["rows"]}
     prices: Dict[str, List[float]] = {row["name"]: [] for row in result["rows"]}
+    planned = {row["name"]: row["tokens_per_s"] for row in result["rows"]}
     for round_index in range(rounds):
-        now = predicted(round_index) if predicted else {row["name"]: row["tokens_per_s"] for row in result["rows"]}
+        now = predicted(round_index) if predicted and round_index else planned
         for row in result["rows"]:
             one = run(spec_for(row, train, devices, batches), f"{row['name']} (round {round_index + 1})")
             readings[row["name"]].append(one["tokens"] / one["seconds"])
