@@ -45,15 +45,21 @@ RECIPE = os.path.join(REPO, "recipes", "tatoeba_ja_en")
 
 
 def load_measuring():
-    """This checkout's measuring helpers, loaded from their file: with
+    """This checkout's measuring helpers, loaded from their files: with
     ``--package`` the name ``fairseq_hybrid`` is another checkout's, which
-    may predate them."""
-    path = os.path.join(REPO, "fairseq_hybrid", "harness", "measuring.py")
-    spec = importlib.util.spec_from_file_location("fairseq_hybrid_measuring", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+    may predate them.  They import ``..planning.training_steps``, so they
+    load as ``harness.measuring`` of a package of this checkout's files
+    under a name of its own (the packages' ``__init__`` left unrun: the
+    two modules need nothing else of the package)."""
+    import types
+
+    here = os.path.join(REPO, "fairseq_hybrid")
+    for name, folder in (("fairseq_hybrid_here", here), ("fairseq_hybrid_here.harness", os.path.join(here, "harness")),
+                         ("fairseq_hybrid_here.planning", os.path.join(here, "planning"))):
+        package = types.ModuleType(name)
+        package.__path__ = [folder]
+        sys.modules.setdefault(name, package)
+    return importlib.import_module("fairseq_hybrid_here.harness.measuring")
 
 
 measuring = load_measuring()
@@ -89,13 +95,36 @@ def part_hooks(model) -> list:
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post))
 
+    class Unwrap:
+        """A handle that takes a stack's labelled ``run_layer`` back off."""
+
+        def __init__(self, stack):
+            self.stack = stack
+
+        def remove(self):
+            del self.stack.run_layer
+
+    def label_layers(stack, side):
+        # the stacks call their layers' kernel past nn.LSTM.forward (no module hooks fire): label run_layer
+        run_layer = stack.run_layer
+
+        def labelled(index, *args, **kwargs):
+            with torch.profiler.record_function(f"part: {side} layer {index}"):
+                return run_layer(index, *args, **kwargs)
+
+        stack.run_layer = labelled
+        handles.append(Unwrap(stack))
+
     parts = {}
     encoder, decoder = model.encoder, model.decoder
     for side, stack in (("encoder", getattr(encoder, "stack", encoder)), ("decoder", getattr(decoder, "stack", decoder))):
         if hasattr(stack, "layers") and hasattr(stack, "embed_tokens"):
             parts[f"{side} embedding"] = stack.embed_tokens
-            for index, layer in enumerate(stack.layers):
-                parts[f"{side} layer {index}"] = layer
+            if hasattr(stack, "run_layer"):
+                label_layers(stack, side)
+            else:
+                for index, layer in enumerate(stack.layers):
+                    parts[f"{side} layer {index}"] = layer
     attention_softmax = getattr(decoder, "attention_softmax", None)
     if attention_softmax is not None:
         parts["attention-softmax features"] = attention_softmax
