@@ -26,11 +26,27 @@ from .parallel.cell_graph import DeviceUsage
 from .parallel.device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options,
                                    chunk_length_option, micro_batches_option, plan_table)
 from .parallel.replicas import ModelReplicas
-from .parallel.step_cells import build_data_parallel_step, build_hybrid_step, run_step
+from .parallel.stage_processes import StageProcesses
+from .parallel.step_cells import build_step, run_step
 from .parallel.worker import DEFAULT_TIMEOUT
 from .planning import ChunkLengthChooser, CostModel, auto_placement
 
 logger = logging.getLogger(__name__)
+
+WORKER_KINDS = ("auto", "threads", "processes")
+AUTO_WORKERS_RULE = "threads (the only kind measured faster so far: docs/processes.md)"
+
+
+def worker_kind(option: str, devices) -> str:
+    """The kind ``--hybrid-workers`` asks for on these devices."""
+    if option not in WORKER_KINDS:
+        raise DevicePlanError(f"--hybrid-workers {option!r}: choose one of {', '.join(WORKER_KINDS)}")
+    if option == "processes":
+        kinds = {(device.type, device.type == "cpu" and device.index is not None) for device in devices}
+        if kinds not in ({("cpu", False)}, {("cuda", False)}):
+            raise DevicePlanError("--hybrid-workers processes runs on plain cpu devices or cuda:N devices, "
+                                  f"not on {', '.join(str(device) for device in devices)}")
+    return "threads" if option == "auto" else option
 
 
 @dataclass
@@ -98,6 +114,14 @@ class HybridGroupConfig(FairseqDataclass):
             "training stops with an error naming the device and the cell it is stuck in"
         },
     )
+    hybrid_workers: ChoiceEnum(WORKER_KINDS) = field(
+        default="auto",
+        metadata={
+            "help": "who queues each device's cells: threads, one worker thread per device in the trainer's "
+            "process; processes, a process per device (a host each), exchanging activations over "
+            "torch.distributed point to point; auto: " + AUTO_WORKERS_RULE
+        },
+    )
     hybrid_mode: ChoiceEnum(MODES) = field(
         default="hybrid",
         metadata={
@@ -110,9 +134,11 @@ class HybridGroupConfig(FairseqDataclass):
 class HybridGroup:
     def __init__(self, model, plan: DevicePlan, chunk_length: Union[int, str] = 0, dropout_masks: str = "per-cell",
                  timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None,
-                 micro_batches: Union[int, str] = 1):
+                 micro_batches: Union[int, str] = 1, workers: str = "auto"):
         self.model = model
         self.plan = plan
+        self.workers = worker_kind(workers, plan.devices)
+        self.stages: Optional[StageProcesses] = None  # started at the first step (processes)
         self.micro_batches = micro_batches_option(micro_batches)
         self.chunk_length = chunk_length_option(chunk_length)
         # --hybrid-chunk-length auto, --hybrid-micro-batches auto: chosen per batch shape (hybrid and model
@@ -141,8 +167,10 @@ class HybridGroup:
                                   f"has {bidirectional} bidirectional encoder layer(s)")
         cost_file = getattr(cfg, "hybrid_cost_model", "")
         group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout),
-                    CostModel.load(cost_file) if cost_file else None, getattr(cfg, "hybrid_micro_batches", 1))
-        logger.info("hybrid group (%s mode, %d devices):\n%s", plan.mode, plan.size, group.placement_table())
+                    CostModel.load(cost_file) if cost_file else None, getattr(cfg, "hybrid_micro_batches", 1),
+                    getattr(cfg, "hybrid_workers", "auto"))
+        logger.info("hybrid group (%s mode, %d devices, %s):\n%s", plan.mode, plan.size, group.workers,
+                    group.placement_table())
         return group
 
     def place(self) -> None:
@@ -196,17 +224,17 @@ class HybridGroup:
         """The summed shard losses of one batch, its cells run on the
         group's workers; their backward runs the reverse wavefront."""
         masks = self.dropout_masks == "single-device"
-        if self.plan.mode == "data":
-            built = build_data_parallel_step(self.model, self.plan, net_input, target, shard_loss, self.replicas,
-                                             masks)
-        else:
-            chunk_length, micro_batches = self.chunk_length, self.micro_batches
-            if self.chunk_chooser is not None:
-                chunk_length, micro_batches = self.chunk_chooser(net_input, target)
-                metrics.log_scalar("chunk_len", chunk_length, weight=1, round=1)
-                metrics.log_scalar("micro_batches", micro_batches, weight=1, round=1)
-            built = build_hybrid_step(self.model, self.plan, net_input, target, shard_loss, chunk_length,
-                                      self.replicas, masks, micro_batches)
+        chunk_length, micro_batches = self.chunk_length, self.micro_batches
+        if self.chunk_chooser is not None:
+            chunk_length, micro_batches = self.chunk_chooser(net_input, target)
+            metrics.log_scalar("chunk_len", chunk_length, weight=1, round=1)
+            metrics.log_scalar("micro_batches", micro_batches, weight=1, round=1)
+        if self.workers == "processes":
+            if self.stages is None:
+                self.stages = StageProcesses(self.model, self.plan, self.timeout)
+            return self.stages.loss_sums(net_input, target, shard_loss, chunk_length, micro_batches, masks)
+        built = build_step(self.model, self.plan, net_input, target, shard_loss, chunk_length, micro_batches,
+                           self.replicas, masks)
         return run_step(built, self.timeout, log_device_usage)
 
 

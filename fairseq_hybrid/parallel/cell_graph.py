@@ -216,9 +216,8 @@ class CellGraph:
         leaves = []
         worker = current_worker()
         for producer, position in cell.inputs:
-            self._wait(self.forward_done[producer], cell, "forward", producer)
-            value = self.outputs[producer][position]
-            leaf = arrive(value.detach(), device, self.events[producer])
+            value, event = self._input(cell, producer, position)
+            leaf = arrive(value.detach(), device, event)
             if grad_enabled and value.requires_grad:
                 leaf.requires_grad_()
             leaves.append(leaf)
@@ -245,7 +244,30 @@ class CellGraph:
         self.leaves[index] = leaves if grad_enabled else None
         self.outputs[index] = outputs
         self.events[index] = record_event(device)
+        self._produced(index)
         self.forward_done[index].set()
+
+    def _input(self, cell: Cell, producer: int, position: int) -> Tuple[Tensor, Optional[object]]:
+        """An output of an earlier cell and the event after it, once made
+        (a stage of its own process overrides this, :mod:`.stage`)."""
+        self._wait(self.forward_done[producer], cell, "forward", producer)
+        return self.outputs[producer][position], self.events[producer]
+
+    def _produced(self, index: int) -> None:
+        """Called once a cell's outputs are there (a stage sends them on)."""
+
+    def _gradients_in(self, index: int) -> None:
+        """Wait until every reader of cell ``index`` has handed back its
+        gradients into ``self.grads`` (a stage also receives them)."""
+        cell = self.cells[index]
+        for consumer in self.consumers[index]:
+            self._wait(self.backward_done[consumer], cell, "backward", consumer)
+
+    def _hand_back(self, index: int, ref: Ref, grad: Optional[Tensor], event) -> None:
+        """Cell ``index``'s gradient of its input ``ref`` (None: none), for
+        the producer (a stage sends it where the producer is not its own)."""
+        if grad is not None:
+            self.grads.setdefault(ref, {})[index] = (grad, event)
 
     def _run_backward(self, order: List[int]) -> None:
         # this thread runs each cell's whole backward itself (see the module
@@ -262,8 +284,7 @@ class CellGraph:
         cell = self.cells[index]
         device = self.group.devices[cell.worker]
         worker = current_worker()
-        for consumer in self.consumers[index]:
-            self._wait(self.backward_done[consumer], cell, "backward", consumer)
+        self._gradients_in(index)
         roots, root_grads = [], []
         for position, value in enumerate(self.outputs[index]):
             received = self.grads.pop((index, position), None)
@@ -291,9 +312,11 @@ class CellGraph:
                     worker.cell = None
         self.busy[cell.worker] += time.perf_counter() - start
         _note(cell, "backward", start)
-        for leaf, ref in zip(self.leaves[index] or [], cell.inputs):
-            if leaf.requires_grad and leaf.grad is not None:
-                self.grads.setdefault(ref, {})[index] = (leaf.grad, record_event(device))
+        leaves = self.leaves[index]
+        event = record_event(device) if leaves else None
+        for position, ref in enumerate(cell.inputs):
+            leaf = leaves[position] if leaves else None
+            self._hand_back(index, ref, leaf.grad if leaf is not None and leaf.requires_grad else None, event)
         self.leaves[index] = None
         self.outputs[index] = None
         for hook in self.hooks.get(index, ()):

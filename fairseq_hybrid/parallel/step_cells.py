@@ -213,7 +213,8 @@ class _Batch:
 
 def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                       chunk_length: int = 0, replicas: Optional[ModelReplicas] = None,
-                      single_device_masks: bool = False, micro_batches: int = 1) -> BuiltStep:
+                      single_device_masks: bool = False, micro_batches: int = 1,
+                      masks: Optional[SingleDeviceMasks] = None) -> BuiltStep:
     """The cells of one ``hybrid`` or ``model`` step, in the order that
     fixes their dropout seeds: for each micro-batch, encoder, its top
     states, decoder, shards.  ``replicas``: the group's replica caches
@@ -221,10 +222,11 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     runs the cells).  ``micro_batches``: how many (:mod:`.micro_batches`),
     each its own chain of cells, so that one device's layer works on a
     micro-batch while the next device works on the one before and the
-    attention-softmax part on an earlier one still."""
+    attention-softmax part on an earlier one still.  ``masks``: the
+    single-device masks drawn already (by the trainer, for stages in
+    processes of their own)."""
     step = StepBuilder(model, plan, replicas or ModelReplicas(model))
-    masks = None
-    if single_device_masks:  # the whole batch's, as the single-device model draws them
+    if single_device_masks and masks is None:  # the whole batch's, as the single-device model draws them
         masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
                                          net_input["prev_output_tokens"].size(1), target.size(0))
     outputs: List[int] = []
@@ -468,14 +470,15 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
 
 def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor,
                              shard_loss, replicas: Optional[ModelReplicas] = None,
-                             single_device_masks: bool = False) -> BuiltStep:
+                             single_device_masks: bool = False,
+                             masks: Optional[SingleDeviceMasks] = None) -> BuiltStep:
     """Pure data parallelism inside one process: a whole-model replica per
-    device, each on a contiguous batch shard."""
+    device, each on a contiguous batch shard (``masks``: as
+    :func:`build_hybrid_step`'s)."""
     step = StepBuilder(model, plan, replicas or ModelReplicas(model))
     shards = batch_slices(target.size(0), plan.size)
     whole_models = step.replicas.whole_model()
-    masks = None
-    if single_device_masks:
+    if single_device_masks and masks is None:
         masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
                                          net_input["prev_output_tokens"].size(1), target.size(0))
     pad = model.decoder.dictionary.pad()
@@ -501,6 +504,18 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
         outputs.append(step.add(f"whole-model shard {worker}", worker, [], with_masks(shard_masks, run_shard), work))
     return BuiltStep(step, outputs, tuple(_uses(whole_models, {worker: [outputs[worker]]
                                                                for worker in range(1, len(shards))}, 0)))
+
+
+def build_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
+               chunk_length: int, micro_batches: int, replicas: ModelReplicas,
+               single_device_masks: bool = False, masks: Optional[SingleDeviceMasks] = None) -> BuiltStep:
+    """The step's cells in the plan's mode (threads and stages build them
+    alike)."""
+    if plan.mode == "data":
+        return build_data_parallel_step(model, plan, net_input, target, shard_loss, replicas, single_device_masks,
+                                        masks)
+    return build_hybrid_step(model, plan, net_input, target, shard_loss, chunk_length, replicas,
+                             single_device_masks, micro_batches, masks)
 
 
 def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT,

@@ -73,10 +73,24 @@ def record_event(device: torch.device):
     return streams.record_event(device)
 
 
+_only: Optional[Tuple[torch.device, ...]] = None  # a stage's process: the devices it may touch
+
+
+def only_devices(devices) -> None:
+    """In a stage's process (:mod:`.stage`): moves to any other device are
+    left undone (the step's builder puts the batch on every device, and
+    the cells that would read it there run in other processes), so a stage
+    never opens another GPU's context."""
+    global _only
+    _only = tuple(devices)
+
+
 def arrive(value: Tensor, device: torch.device, event=None) -> Tensor:
     """``value`` ready for the calling thread's current stream on ``device``.
     ``event``: recorded after ``value`` was made (None: made by work already
     ordered before the caller's, such as the main thread's before a job)."""
+    if _only is not None and device not in _only:
+        return value
     if value.device == device:
         if event is not None:  # made on another worker's stream of this device
             stream = streams.current_stream(device)
@@ -106,6 +120,8 @@ def to_devices(value: Optional[Tensor], devices) -> Dict[torch.device, Tensor]:
         return {}
     copies: Dict[torch.device, Tensor] = {}
     for device in devices:
-        if device not in copies:
+        if _only is not None and device not in _only:
+            copies.setdefault(device, value)
+        elif device not in copies:
             copies[device] = value if value.device == device else value.to(device, non_blocking=True)
     return copies

@@ -1,0 +1,123 @@
+"""The transport between the stages of a group in processes of their own
+(``--hybrid-workers processes``): torch.distributed's point-to-point send
+and receive, as ``torch.distributed.pipelining`` and Megatron-LM's ``p2p``
+move activations between pipeline stages.
+
+The stages form a process group of their own (not torch.distributed's
+default group, which a run of groups under DDP already holds): gloo on
+CPU, NCCL on GPUs, with a gloo group beside it for the headers so that a
+receiver learns a tensor's shape without waiting for its GPU.  Every
+message is a fixed-size header (dimensions, dtype, whether the tensor
+needs a gradient, or "nothing") followed by the tensor.
+
+A receiver takes a peer's messages in the order that peer sends them and
+keeps those it does not need yet (:meth:`Transport.take`): both sides
+build the same cells and orders, so each knows the other's sequence
+(:meth:`Transport.expect`); NCCL matches messages by order alone.  Sends
+never block the sender (each is waited for at the end of the pass,
+:meth:`Transport.flush`), so, as with threads, a stage only ever waits for
+a cell of an earlier wavefront clock and the schedule cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections import deque
+from typing import Deque, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool)
+MAX_DIMS = 6
+HEADER = 3 + MAX_DIMS  # present, dtype, requires_grad, dimensions (-1 past the last)
+TAG = 0
+
+
+class PeerLost(RuntimeError):
+    """A message to or from another stage failed: that stage has ended
+    (the trainer names the stage whose failure was the cause)."""
+
+
+class Transport:
+    """This stage's messages to and from the other stages of its group."""
+
+    def __init__(self, rank: int, size: int, store, device: torch.device, timeout: float):
+        self.rank, self.size, self.device = rank, size, device
+        delta = datetime.timedelta(seconds=timeout)
+        self.headers = dist.ProcessGroupGloo(dist.PrefixStore("headers/", store), rank, size, delta)
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = delta
+            self.data = dist.ProcessGroupNCCL(dist.PrefixStore("data/", store), rank, size, options)
+        else:
+            self.data = self.headers
+        self.pending: List[object] = []  # sends not waited for, and the tensors they read
+        self.expected: Dict[int, Deque[Hashable]] = {}
+        self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
+
+    def expect(self, peer: int, keys: Sequence[Hashable]) -> None:
+        """The keys of the messages ``peer`` will send this stage, in its order."""
+        self.expected[peer] = deque(keys)
+        self.inbox[peer] = {}
+
+    def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False) -> None:
+        header = torch.full((HEADER,), -1, dtype=torch.int64)
+        if tensor is not None:
+            if tensor.dim() > MAX_DIMS:
+                raise ValueError(f"a tensor of {tensor.dim()} dimensions between stages (at most {MAX_DIMS})")
+            header[0], header[1], header[2] = 1, DTYPES.index(tensor.dtype), int(requires_grad)
+            header[3:3 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+        else:
+            header[0] = 0
+        self.pending.append((self.headers.send([header], peer, TAG), header))
+        if tensor is not None:
+            tensor = tensor.contiguous()
+            self.pending.append((self.data.send([tensor], peer, TAG), tensor))
+
+    def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
+        header = torch.empty(HEADER, dtype=torch.int64)
+        _wait(self.headers.recv([header], peer, TAG), peer)
+        present, dtype, requires_grad, *dims = header.tolist()
+        if not present:
+            return None, False
+        shape = [size for size in dims if size >= 0]
+        tensor = torch.empty(shape, dtype=DTYPES[dtype], device=self.device)
+        _wait(self.data.recv([tensor], peer, TAG), peer)
+        return tensor, bool(requires_grad)
+
+    def take(self, peer: int, key: Hashable) -> Tuple[Optional[Tensor], bool]:
+        """The message ``key`` from ``peer`` (receiving the ones it sends
+        before it) and whether its tensor needs a gradient."""
+        inbox, expected = self.inbox[peer], self.expected[peer]
+        while key not in inbox:
+            if not expected:
+                raise RuntimeError(f"stage {self.rank} waits for {key!r} from stage {peer}, which sends no more")
+            inbox[expected.popleft()] = self._receive(peer)
+        return inbox.pop(key)
+
+    def flush(self) -> None:
+        """Wait until every send of this pass is done."""
+        for work, _ in self.pending:
+            _wait(work, None)
+        self.pending.clear()
+
+    def close(self) -> None:
+        self.pending.clear()
+        for group in {id(self.data): self.data, id(self.headers): self.headers}.values():
+            shutdown = getattr(group, "shutdown", None) or getattr(group, "abort", None)
+            if shutdown is not None:
+                try:
+                    shutdown()
+                except RuntimeError:
+                    pass
+
+
+def _wait(work, peer: Optional[int]) -> None:
+    try:
+        work.wait()
+    except RuntimeError as error:
+        raise PeerLost(f"a message {'from stage ' + str(peer) if peer is not None else 'to another stage'} "
+                       f"failed: {error}") from error

@@ -1,0 +1,323 @@
+"""A stage: the process that runs one device's cells of a hybrid group's
+steps (``--hybrid-workers processes``), in the spirit of
+``torch.distributed.pipelining``'s ``stage.py``.
+
+Every stage builds the whole step from the batch the trainer sends (the
+same builder, so the same cells, orders and dropout seeds as threads) and
+runs its own device's cells, forward in wavefront order and backward in
+the reverse order, through :class:`~.cell_graph.CellGraph` itself: only
+where an input comes from another device (or a gradient goes back to one)
+does it take the message from the transport (:mod:`.p2p`) instead of
+another thread.  It reports its loss sums, then, after the backward pass,
+which parameters it filled with gradients, into buffers it shares with the
+trainer (docs/design.md, "A host per device").  The trainer's side is
+:mod:`.stage_processes`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from . import seeded_dropout, streams
+from .cell_graph import CellGraph, Ref
+from .replicas import ModelReplicas
+from .step_cells import build_step
+from .p2p import PeerLost
+from .transfer import arrive
+
+PR_SET_PDEATHSIG = 1
+
+
+class StageError(RuntimeError):
+    """A cell of a stage failed (its text names the stage's cell)."""
+
+
+class _Devices:
+    """What :class:`CellGraph` reads of a worker group: its devices."""
+
+    def __init__(self, devices):
+        self.devices = list(devices)
+
+
+class StageGraph(CellGraph):
+    """The cells of one step as stage ``me`` runs them: its own cells; the
+    outputs of other stages' cells, and the gradients other stages hand
+    back, through ``transport``."""
+
+    def __init__(self, cells, devices, me: int, transport, seed: int, activity):
+        super().__init__(cells, _Devices(devices), seed)
+        self.me, self.transport, self.activity = me, transport, activity
+        self.remote: Dict[Ref, Tuple[Tensor, bool]] = {}
+        worker_of = [cell.worker for cell in self.cells]
+        # who reads each output on another stage, and what each stage sends this one, in its own order
+        self.readers: Dict[Ref, List[int]] = {}
+        for index, cell in enumerate(self.cells):
+            for ref in cell.inputs:
+                reader = cell.worker
+                if worker_of[ref[0]] != reader and reader not in self.readers.setdefault(tuple(ref), []):
+                    self.readers[tuple(ref)].append(reader)
+        for readers in self.readers.values():
+            readers.sort()
+        self.forward_from: Dict[int, List[Ref]] = {}
+        self.backward_from: Dict[int, List[Tuple[int, int]]] = {}
+        for worker, order in enumerate(self.orders):
+            if worker != me:
+                self.forward_from[worker] = [ref for index in order for ref in self._sent_refs(index)
+                                             if me in self.readers[ref]]
+                self.backward_from[worker] = [(index, position) for index in reversed(order)
+                                              for position, (producer, _) in enumerate(self.cells[index].inputs)
+                                              if worker_of[producer] == me]
+
+    def _sent_refs(self, index: int) -> List[Ref]:
+        """The outputs of cell ``index`` that another stage reads, in order."""
+        return sorted(ref for ref in self.readers if ref[0] == index)
+
+    # -- forward ---------------------------------------------------------------
+
+    def _input(self, cell, producer: int, position: int):
+        if self.cells[producer].worker == self.me:
+            return super()._input(cell, producer, position)
+        ref = (producer, position)
+        if ref not in self.remote:
+            self._say(f"{cell.name} (forward), waiting for {self.cells[producer].name}")
+            value, requires_grad = self.transport.take(self.cells[producer].worker, ref)
+            self._say(f"{cell.name} (forward)")
+            if requires_grad and torch.is_grad_enabled():
+                value.requires_grad_()
+            self.remote[ref] = value
+        return self.remote[ref], None
+
+    def _produced(self, index: int) -> None:
+        for ref in self._sent_refs(index):
+            value = self.outputs[index][ref[1]]
+            for reader in self.readers[ref]:
+                self.transport.send(reader, value.detach(), value.requires_grad)
+
+    # -- backward --------------------------------------------------------------
+
+    def _gradients_in(self, index: int) -> None:
+        cell = self.cells[index]
+        for consumer in self.consumers[index]:
+            worker = self.cells[consumer].worker
+            if worker == self.me:
+                continue  # run before this one, in this stage's reverse order
+            self._say(f"{cell.name} (backward), waiting for {self.cells[consumer].name}")
+            for position, (producer, output) in enumerate(self.cells[consumer].inputs):
+                if producer == index:
+                    grad, _ = self.transport.take(worker, (consumer, position))
+                    if grad is not None:
+                        self.grads.setdefault((producer, output), {})[consumer] = (grad, None)
+            self._say(f"{cell.name} (backward)")
+
+    def _hand_back(self, index: int, ref: Ref, grad: Optional[Tensor], event) -> None:
+        worker = self.cells[ref[0]].worker
+        if worker == self.me:
+            return super()._hand_back(index, ref, grad, event)
+        self.transport.send(worker, grad)  # in input order: what the producer expects (backward_from)
+
+    # -- running -----------------------------------------------------------------
+
+    def _say(self, text: str) -> None:
+        self.activity.value = text.encode("utf-8", "replace")[:len(self.activity) - 1]
+
+    def run_forward(self) -> None:
+        for worker, refs in self.forward_from.items():
+            self.transport.expect(worker, refs)
+        self.remote.clear()
+        for index in self.orders[self.me]:
+            self._say(f"{self.cells[index].name} (forward)")
+            self._forward_cell(index)
+        if self.transport is not None:
+            self.transport.flush()
+        self._say("idle")
+
+    def run_backward(self, grads: Dict[Ref, Tensor]) -> None:
+        for ref, grad in grads.items():
+            self.grads.setdefault(ref, {})[self.MAIN] = (grad, None)
+        for worker, keys in self.backward_from.items():
+            self.transport.expect(worker, keys)
+        previous = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)  # this thread runs each cell's backward (cell_graph.py)
+        try:
+            for index in reversed(self.orders[self.me]):
+                self._say(f"{self.cells[index].name} (backward)")
+                self._backward_cell(index)
+        finally:
+            torch._C._set_multithreading_enabled(previous)
+        if self.transport is not None:
+            self.transport.flush()
+        self._say("idle")
+
+
+class Stage:
+    """One device's side of a group's steps, in its own process."""
+
+    def __init__(self, me: int, model, plan, transport, activity):
+        self.me, self.model, self.plan, self.transport, self.activity = me, model, plan, transport, activity
+        self.device = plan.devices[me]
+        self.replicas = ModelReplicas(model)
+        self.params = list(model.parameters())
+        self.index = {id(param): position for position, param in enumerate(self.params)}
+        self.buffers: Dict[int, Tensor] = {}  # gradient buffers shared with the trainer, by parameter
+        self.graph: Optional[StageGraph] = None
+        self.built = None
+
+    def forward(self, step: Dict) -> Dict:
+        """Build the step, run this stage's cells forward; its loss sums
+        by cell, each output as ``(value on the host, needs a gradient)``."""
+        self.graph = self.built = None  # a forward without a backward before (validation) is dropped
+        self.model.train(step["training"])
+        with _entered(step["grad_enabled"], step["autocast"]):
+            built = build_step(self.model, self.plan, step["net_input"], step["target"], step["shard_loss"],
+                               step["chunk_length"], step["micro_batches"], self.replicas, masks=step["masks"])
+            for use in built.replica_uses:
+                if use.worker == self.me:
+                    use.replicas.prefetch(self.me, self.device, built.step)
+            graph = StageGraph(built.step.cells, self.plan.devices, self.me, self.transport, step["seed"],
+                               self.activity)
+            graph.run_forward()
+        results = {}
+        for cell in built.results:
+            if built.step.cells[cell].worker == self.me:
+                results[cell] = [(value.detach().cpu(), value.requires_grad) for value in graph.outputs[cell]]
+        _synchronize(self.device)
+        if step["grad_enabled"]:
+            self.graph, self.built = graph, built
+        return {"results": results}
+
+    def backward(self, grads: Dict[Ref, Tensor]) -> Dict:
+        """Run this stage's cells backward from the loss sums' gradients;
+        which parameters it filled (and the buffers it shares for the
+        first time)."""
+        if self.graph is None:
+            raise StageError("a backward pass without its forward pass")
+        for param in self.params:
+            param.grad = None
+        graph, built = self.graph, self.built
+        self.graph = self.built = None
+        graph.run_backward({ref: arrive(grad, self.device) for ref, grad in grads.items()})
+        filled: Dict[int, Tensor] = {}
+        for position, param in enumerate(self.params):
+            if param.grad is not None:
+                filled[position] = param.grad
+                param.grad = None
+        for use in built.replica_uses:
+            replica = use.replicas.copies.get(self.me) if use.worker == self.me else None
+            for master, param in zip(use.replicas.master.parameters(), replica.parameters() if replica else ()):
+                if param.grad is not None:
+                    position = self.index[id(master)]
+                    grad = arrive(param.grad, self.device)
+                    filled[position] = grad if position not in filled else filled[position] + grad
+                    param.grad = None
+        new = {}
+        for position, grad in filled.items():
+            buffer = self.buffers.get(position)
+            if buffer is None or buffer.shape != grad.shape or buffer.dtype != grad.dtype:
+                buffer = grad.detach().clone(memory_format=torch.contiguous_format)
+                if buffer.device.type == "cpu":
+                    buffer.share_memory_()
+                self.buffers[position] = new[position] = buffer
+            else:
+                buffer.copy_(grad)
+        _synchronize(self.device)
+        return {"filled": sorted(filled), "new_buffers": new}
+
+
+def _synchronize(device: torch.device) -> None:
+    """The trainer reads what this stage made only after its GPU made it."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+class _entered:
+    """Grad mode and autocast as the trainer's thread had them."""
+
+    def __init__(self, grad_enabled: bool, autocast):
+        from .thread_state import ThreadState
+
+        self.state = ThreadState(grad_enabled, tuple(autocast), ())
+        self.context = None
+
+    def __enter__(self):
+        self.context = self.state.entered()
+        return self.context.__enter__()
+
+    def __exit__(self, *exc):
+        return self.context.__exit__(*exc)
+
+
+def _watch_parent(parent: int) -> None:
+    """End this process with the trainer's, however that one ends: Linux's
+    parent-death signal, and a thread that checks the parent's id (for the
+    moment between the fork and the signal's setting, and elsewhere)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=watch, name="hybrid stage parent watch", daemon=True).start()
+
+
+def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: float, parent: int) -> None:
+    """A stage process's whole life: set up, then answer the trainer's
+    commands until it says stop; any failure is reported, then the process
+    ends (the trainer starts new stages)."""
+    _watch_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it ends the stages
+    device = plan.devices[me]
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # one core a CPU device, as a worker thread has
+    else:
+        torch.cuda.set_device(device)
+    from . import transfer
+    transfer.only_devices([device])
+    transport = None
+    code = 0
+    try:
+        if plan.size > 1:
+            from torch.distributed import FileStore
+
+            from .p2p import Transport
+            transport = Transport(me, plan.size, FileStore(store_path, plan.size), device, timeout)
+        stage = Stage(me, model, plan, transport, activity)
+        conn.send(("ready", None))
+        while True:
+            kind, payload = pickle.loads(conn.recv_bytes())
+            if kind == "stop":
+                break
+            reply = stage.forward(payload) if kind == "forward" else stage.backward(payload)
+            if reply.get("new_buffers"):
+                conn.send(("ok", reply))  # torch's reductions share the buffers' memory (multiprocessing's pickler)
+            else:
+                conn.send_bytes(pickle.dumps(("ok", reply)))
+    except EOFError:  # the trainer is gone
+        code = 1
+    except BaseException as error:  # reported, never lost
+        code = 1
+        try:
+            conn.send(("error", (f"{type(error).__name__}: {error}\n{traceback.format_exc()}",
+                                 isinstance(error, PeerLost))))
+        except (OSError, ValueError):
+            pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

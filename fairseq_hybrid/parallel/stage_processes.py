@@ -1,0 +1,338 @@
+"""The trainer's side of a group whose devices each have a process of
+their own (``--hybrid-workers processes``; the stages are
+:mod:`.stage`): it starts the stages, sends each step's batch, hands the
+loss sums to fairseq through one autograd function whose backward runs the
+stages' backward, adds their gradients into the parameters, and watches
+them.
+
+Nothing may leave the trainer waiting forever: it waits on the stages'
+pipes and process sentinels together, so a stage that fails reports its
+error and a stage that dies is named (with the cell it was running, which
+each stage writes into memory shared with the trainer) within a second;
+``--hybrid-timeout`` bounds each pass.  Either way every stage is ended,
+and the next step starts new ones.  No stage outlives the trainer
+(:func:`.stage._watch_parent`, and :meth:`StageProcesses.close` at exit or
+when the group goes).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from multiprocessing.connection import wait
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.multiprocessing  # noqa: F401  (registers torch's reductions: shared buffers cross the pipes)
+from torch import Tensor
+
+from .shard_sums import sum_on
+from .single_device_masks import draw_single_device_masks
+from .stage import stage_main
+from .thread_state import capture
+from .worker import WorkerError, WorkerTimeout
+
+START_SECONDS = 120.0  # for every stage to be up (spawn imports torch and fairseq)
+ACTIVITY_BYTES = 256
+GRACE = 2.0  # seconds the other stages have to report, after a first failure
+
+
+class StageProcesses:
+    """The stage processes of one group (started at its first step)."""
+
+    def __init__(self, model, plan, timeout: float):
+        self.model, self.plan, self.timeout = model, plan, timeout
+        self.params = list(model.parameters())
+        self.processes: List = []
+        self.conns: List = []
+        self.activity: List = []
+        self.pointers: Tuple[int, ...] = ()
+        self.buffers: List[Dict[int, Tensor]] = []
+        self.lent: Dict[int, Tensor] = {}  # parameters whose .grad is a stage's buffer itself
+        self.store_dir: Optional[str] = None
+        self._finalizer = None
+
+    # -- life ------------------------------------------------------------------
+
+    def _shared_pointers(self) -> Tuple[int, ...]:
+        return tuple(param.data_ptr() for param in self.params)
+
+    def start(self) -> None:
+        devices = self.plan.devices
+        cuda = any(device.type == "cuda" for device in devices)
+        # CUDA cannot run in a forked child; CPU groups fork (nothing imported or pickled again)
+        context = multiprocessing.get_context("spawn" if cuda else "fork")
+        with torch.no_grad():
+            for param in self.params:
+                if param.device.type == "cpu":
+                    param.share_memory_()
+        self.store_dir = tempfile.mkdtemp(prefix="fairseq-hybrid-stages-")
+        store = os.path.join(self.store_dir, "store")
+        group, self.model.hybrid_group = getattr(self.model, "hybrid_group", None), None  # not pickled (spawn)
+        try:
+            for me, device in enumerate(devices):
+                mine, theirs = context.Pipe()
+                activity = context.RawArray("c", ACTIVITY_BYTES)
+                process = context.Process(target=stage_main, name=f"hybrid stage {me} ({device})", daemon=True,
+                                          args=(me, self.model, self.plan, theirs, activity, store, self.timeout,
+                                                os.getpid()))
+                _launch(process)
+                theirs.close()
+                self.processes.append(process)
+                self.conns.append(mine)
+                self.activity.append(activity)
+        finally:
+            self.model.hybrid_group = group
+        self._finalizer = weakref.finalize(self, _end, list(self.processes), list(self.conns), self.store_dir,
+                                           os.getpid())
+        self.buffers = [{} for _ in devices]
+        self.lent = {}
+        self._replies(range(len(devices)), START_SECONDS, "starting")
+        self.pointers = self._shared_pointers()
+
+    def close(self) -> None:
+        """End every stage (asked first, then made to)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self.processes, self.conns, self.activity, self.buffers, self.lent = [], [], [], [], {}
+        self._finalizer = None
+
+    def _ready(self) -> None:
+        if self.processes and self._shared_pointers() != self.pointers:
+            self.close()  # a parameter's storage was replaced (.half(), a load): share the new ones
+        if not self.processes:
+            self.start()
+
+    # -- one step ----------------------------------------------------------------
+
+    def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss, chunk_length: int,
+                  micro_batches: int, single_device_masks: bool) -> Tuple[Tensor, ...]:
+        """The batch's summed shard losses, run on the stages; their
+        backward runs the stages' backward."""
+        self._ready()
+        masks = None
+        if single_device_masks:  # drawn here, from the trainer's generator, as one device draws them
+            masks = draw_single_device_masks(self.model, net_input["src_tokens"].size(1),
+                                             net_input["prev_output_tokens"].size(1), target.size(0))
+        grad_enabled = torch.is_grad_enabled()
+        seed = int(torch.randint(0, 1 << 62, ()).item()) if grad_enabled else 0
+        step = {"net_input": {key: value.cpu() for key, value in net_input.items() if torch.is_tensor(value)},
+                "target": target.cpu(), "shard_loss": shard_loss, "chunk_length": chunk_length,
+                "micro_batches": micro_batches, "masks": masks, "seed": seed, "grad_enabled": grad_enabled,
+                "autocast": capture().autocast, "training": self.model.training}
+        try:
+            message = pickle.dumps(("forward", step))
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            raise WorkerError(f"--hybrid-workers processes: the loss {shard_loss!r} cannot be sent to the stages "
+                              f"({error}); use --criterion hybrid_cross_entropy with --output-loss-chunk-rows > 0, "
+                              f"or --hybrid-workers threads") from error
+        self._synchronize()
+        for conn in self.conns:
+            conn.send_bytes(message)
+        replies = self._replies(range(len(self.conns)), self.timeout, "forward")
+        results: Dict[int, Tuple[int, List[Tuple[Tensor, bool]]]] = {}
+        for me, reply in enumerate(replies):
+            for cell, values in reply["results"].items():
+                results[cell] = (me, values)
+        cells = sorted(results)
+        tuples: List[List[Tensor]] = []
+        refs, differentiable = [], []
+        for cell in cells:
+            me, values = results[cell]
+            device = self.plan.devices[me]
+            row = []
+            for position, (value, requires_grad) in enumerate(values):
+                value = value.to(device)
+                row.append(value)
+                if grad_enabled and requires_grad:
+                    refs.append((cell, position, me))
+                    differentiable.append(value)
+            tuples.append(row)
+        if differentiable:
+            anchor = torch.empty(0, requires_grad=True)
+            through = _StageBoundary.apply(self, tuple(refs), anchor, *differentiable)
+            flowing = dict(zip([(cell, position) for cell, position, _ in refs], through))
+            tuples = [[flowing.get((cell, position), value) for position, value in enumerate(row)]
+                      for cell, row in zip(cells, tuples)]
+        out = [tuple(row) for row in tuples]
+        return sum_on(out, out[0][0].device)
+
+    def backward(self, refs: Sequence[Tuple[int, int, int]], grads: Sequence[Optional[Tensor]]) -> None:
+        """The stages' backward pass from the loss sums' gradients; their
+        gradients added into the parameters, stage by stage."""
+        for position, buffer in self.lent.items():
+            if self.params[position].grad is buffer:  # a second backward before the optimizer used it
+                self.params[position].grad = buffer.clone()
+        self.lent = {}
+        per_stage: List[Dict] = [{} for _ in self.conns]
+        for (cell, position, me), grad in zip(refs, grads):
+            if grad is not None:
+                per_stage[me][(cell, position)] = grad.detach().cpu()
+        self._synchronize()
+        for conn, mine in zip(self.conns, per_stage):
+            conn.send_bytes(pickle.dumps(("backward", mine)))
+        replies = self._replies(range(len(self.conns)), self.timeout, "backward")
+        contributions: Dict[int, List[Tensor]] = {}
+        for me, reply in enumerate(replies):
+            self.buffers[me].update(reply["new_buffers"])
+            for position in reply["filled"]:
+                contributions.setdefault(position, []).append(self.buffers[me][position])
+        with torch.no_grad():
+            for position, grads_of in contributions.items():
+                param = self.params[position]
+                if param.grad is None and len(grads_of) == 1 and grads_of[0].device == param.device:
+                    param.grad = self.lent[position] = grads_of[0]
+                    continue
+                total = param.grad
+                for grad in grads_of:
+                    grad = grad.to(param.device)
+                    total = grad.clone() if total is None else total.add_(grad)
+                param.grad = total
+
+    # -- waiting ---------------------------------------------------------------------
+
+    def _synchronize(self) -> None:
+        """The stages read the parameters only after the trainer's GPU
+        work on them (the optimizer's step) is done."""
+        for device in {param.device for param in self.params if param.device.type == "cuda"}:
+            torch.cuda.current_stream(device).synchronize()
+
+    def _replies(self, stages: Sequence[int], timeout: float, doing: str) -> List:
+        """Every stage's reply to the command just sent, in stage order.  A
+        failure, a death or the timeout ends every stage and raises, naming
+        the stage, its device and its cell; after a first failure the others
+        have ``GRACE`` seconds to report theirs, so that the cause is named
+        (a stage that died, or one whose own cell failed) rather than a
+        stage that lost its peer because of it."""
+        replies: Dict[int, object] = {}
+        # stage -> (0 died, 1 its own error, 2 lost a peer; what happened; the stage's traceback)
+        failures: Dict[int, Tuple[int, str, str]] = {}
+        waiting = set(stages)
+        deadline = time.monotonic() + timeout
+        sentinels = {self.processes[me].sentinel: me for me in waiting}
+        conns = {self.conns[me]: me for me in waiting}
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if failures:
+                    break
+                text = "; ".join(f"hybrid stage {me} ({self.plan.devices[me]}) is still in {self._activity(me)}"
+                                 for me in sorted(waiting))
+                self.close()
+                raise WorkerTimeout(f"{text} after {timeout:g} s (--hybrid-timeout), {doing}")
+            ready = wait([conn for conn, me in conns.items() if me in waiting]
+                         + [sentinel for sentinel, me in sentinels.items() if me in waiting], timeout=min(left, 1.0))
+            for item in ready:
+                me = conns.get(item, sentinels.get(item))
+                if me not in waiting:
+                    continue
+                conn = self.conns[me]
+                message = None
+                if item in conns or conn.poll():
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):
+                        pass
+                waiting.discard(me)
+                if message is None:
+                    failures[me] = (0, self._death(me), "")
+                elif message[0] == "error":
+                    text, peer_lost = message[1]
+                    first = text.strip().splitlines()[0] if text.strip() else "?"
+                    failures[me] = (2 if peer_lost else 1, f"failed: {first}", "\n" + text)
+                else:
+                    replies[me] = message[1]
+                if failures:
+                    deadline = min(deadline, time.monotonic() + GRACE)
+        if failures:
+            me = min(failures, key=lambda stage: (failures[stage][0], stage))
+            self.close()
+            _, what, stack = failures[me]
+            raise WorkerError(f"hybrid stage {me} ({self.plan.devices[me]}) {what}, {doing}{stack}")
+        return [replies[me] for me in stages]
+
+    def _death(self, me: int) -> str:
+        process, where = self.processes[me], self._activity(me)
+        process.join(1.0)
+        return f"died (exit code {process.exitcode}) in {where}"
+
+    def _activity(self, me: int) -> str:
+        text = self.activity[me].value.decode("utf-8", "replace") if me < len(self.activity) else ""
+        return text or "its start"
+
+
+class _StageBoundary(torch.autograd.Function):
+    """The loss sums as ordinary autograd tensors; their backward runs the
+    stages' backward."""
+
+    @staticmethod
+    def forward(ctx, stages: StageProcesses, refs, anchor: Tensor, *values: Tensor):
+        ctx.stages, ctx.refs = stages, refs
+        ctx.set_materialize_grads(False)
+        return tuple(value.detach().clone() for value in values)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.stages.backward(ctx.refs, grads)
+        return (None, None, None) + (None,) * len(grads)
+
+
+def _end(processes, conns, store_dir: Optional[str], owner: int) -> None:
+    """Ask every stage to stop, then end those that do not within a second
+    (in the trainer's process only: a forked stage inherits this too)."""
+    if os.getpid() != owner:
+        return
+    for conn in conns:
+        try:
+            conn.send_bytes(pickle.dumps(("stop", None)))
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + 1.0
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(5.0)
+    for conn in conns:
+        conn.close()
+    if store_dir:
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+# Stage processes are started from one thread that lives as long as the
+# trainer's process: Linux's parent-death signal follows the thread that
+# forked, not the process, and a caller's thread may end before the group.
+_launches: "queue.Queue" = queue.Queue()
+_launcher: Optional[threading.Thread] = None
+_launcher_lock = threading.Lock()
+
+
+def _launch(process) -> None:
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or not _launcher.is_alive():
+            _launcher = threading.Thread(target=_launch_loop, name="hybrid stage launcher", daemon=True)
+            _launcher.start()
+    done: "queue.Queue" = queue.Queue()
+    _launches.put((process, done))
+    error = done.get()
+    if error is not None:
+        raise error
+
+
+def _launch_loop() -> None:
+    while True:
+        process, done = _launches.get()
+        try:
+            process.start()
+            done.put(None)
+        except BaseException as error:  # handed to the caller
+            done.put(error)

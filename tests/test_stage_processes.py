@@ -1,0 +1,271 @@
+"""--hybrid-workers processes: a process per device (parallel/stage.py,
+stage_processes.py, p2p.py).  The step equals one device's (and, with the
+same seed, the threads' step), a dead or failing stage ends the step with
+an error naming its device and cell, and no stage outlives the trainer."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from conftest import StandInTask, build_model, make_sample
+from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
+from fairseq_hybrid.parallel.device_plan import MODES, DevicePlanError
+from fairseq_hybrid.parallel.worker import WorkerError
+
+PROCESSES = {"hybrid_workers": "processes"}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (ended, not yet reaped) has ended too
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def stage_pids(model):
+    return [process.pid for process in model.hybrid_group.stages.processes]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_processes_equal_one_device(count, mode, dictionaries):
+    check_equal(["cpu"] * count, mode, dictionaries, group_options=PROCESSES)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "model"])
+@pytest.mark.parametrize("count", [2, 4])
+@pytest.mark.parametrize("micro_batches", [2, 4])
+def test_processes_with_micro_batches_equal_one_device(micro_batches, count, mode, dictionaries):
+    check_equal(["cpu"] * count, mode, dictionaries,
+                group_options={**PROCESSES, "hybrid_micro_batches": micro_batches, "hybrid_chunk_length": 2})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_processes_with_tied_embeddings_residual_and_mlp_attention(mode, dictionaries):
+    check_equal(["cpu"] * 3, mode, dictionaries, group_options=PROCESSES, share_decoder_input_output_embed=True,
+                residual=True, attention_type="mlp")
+
+
+def test_processes_with_bidirectional_layers_and_reverse_on_its_own_device(dictionaries):
+    check_equal(["cpu"] * 3, "hybrid", dictionaries, group_options={**PROCESSES, "hybrid_chunk_length": 2},
+                encoder_bidirectional_layers=2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_processes_draw_the_threads_dropout_masks(mode, dictionaries):
+    """Per-cell masks: each cell's generator is seeded from the step's seed
+    and the cell's index, whoever runs it, so with the same seed threads
+    and processes give the same loss and gradients (and dropout is on: a
+    later step differs)."""
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    runs = []
+    for workers in ("threads", "processes"):
+        torch.manual_seed(0)
+        model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, dropout=0.3, hybrid_devices="cpu,cpu,cpu",
+                            hybrid_mode=mode, hybrid_chunk_length=2, hybrid_workers=workers)
+        torch.manual_seed(5)
+        runs.append(loss_and_grads(model.train(), criterion, sample))
+        runs.append(loss_and_grads(model, criterion, sample))
+    (threads, threads_next, processes, processes_next) = runs
+    torch.testing.assert_close(processes[0], threads[0], rtol=1e-6, atol=0)
+    assert set(processes[2]) == set(threads[2])
+    for name in threads[2]:
+        torch.testing.assert_close(processes[2][name], threads[2][name], rtol=1e-5, atol=1e-7, msg=name)
+    torch.testing.assert_close(processes_next[0], threads_next[0], rtol=1e-6, atol=0)
+    assert not torch.equal(processes_next[0], processes[0])
+
+
+@pytest.mark.parametrize("mode,micro_batches", [("hybrid", 1), ("data", 1), ("model", 2)])
+def test_processes_with_single_device_masks_equal_one_device(mode, micro_batches, dictionaries):
+    """The trainer draws the single-device masks from its own generator and
+    sends them with the batch."""
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True)
+    single, group, sample = single_and_group(
+        dictionaries, {"hybrid_devices": "cpu,cpu,cpu", "hybrid_mode": mode, "hybrid_chunk_length": 3,
+                       "hybrid_dropout_masks": "single-device", "hybrid_micro_batches": micro_batches, **PROCESSES},
+        dropout=0.3, encoder_bidirectional_layers=2)
+    single.train()
+    group.train()
+    torch.manual_seed(9)
+    loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
+    torch.manual_seed(9)
+    loss, logging, grads = loss_and_grads(group, criterion, sample)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
+    assert logging["n_correct"] == logging_ref["n_correct"]
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_two_backward_passes_before_the_optimizer_add_up(dictionaries):
+    """--update-freq 2: a gradient that is a stage's buffer is copied
+    before the second backward pass writes the buffer again, so the sum is
+    both batches' (one device's sum)."""
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", **PROCESSES})
+    other = make_sample(src_dict, tgt_dict, [4, 7, 2], [6, 3, 5])
+    sums = []
+    for model in (single, group):
+        model.zero_grad(set_to_none=True)
+        for batch in (sample, other):
+            criterion(model, batch)[0].backward()
+        sums.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    for name in sums[0]:
+        torch.testing.assert_close(sums[1][name], sums[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_optimizers_updates_reach_the_stages(dictionaries):
+    """The stages read the trainer's parameters themselves: after an
+    in-place update (what fairseq's optimizers do), the next step's loss is
+    the one device's at the updated weights."""
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.0)
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu,cpu", **PROCESSES})
+    for model in (single, group):
+        criterion(model, sample)[0].backward()
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(param.grad, alpha=-0.5)
+        model.zero_grad(set_to_none=True)
+    before = stage_pids(group)
+    torch.testing.assert_close(criterion(group, sample)[0], criterion(single, sample)[0], rtol=1e-5, atol=0)
+    assert stage_pids(group) == before  # the same stages, not started again
+    # a parameter whose storage is replaced is shared again with new stages
+    group.decoder.attention_softmax.output_bias.data = group.decoder.attention_softmax.output_bias.data.clone() + 1
+    single.decoder.attention_softmax.output_bias.data += 1
+    torch.testing.assert_close(criterion(group, sample)[0], criterion(single, sample)[0], rtol=1e-5, atol=0)
+    assert not set(stage_pids(group)) & set(before)
+    assert not any(alive(pid) for pid in before)
+
+
+def test_validation_without_backward_then_training(dictionaries):
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", **PROCESSES})
+    with torch.no_grad():
+        torch.testing.assert_close(criterion(group.eval(), sample)[0], criterion(single.eval(), sample)[0],
+                                   rtol=1e-5, atol=0)
+    single.train()
+    group.train()
+    loss_ref, _, grads_ref = loss_and_grads(single, criterion, sample)
+    loss, _, grads = loss_and_grads(group, criterion, sample)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
+    for name in grads_ref:
+        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_processes_refuse_virtual_devices():
+    from fairseq_hybrid.hybrid_group import worker_kind
+
+    with pytest.raises(DevicePlanError, match="plain cpu devices or cuda:N"):
+        worker_kind("processes", [torch.device("cpu", 0), torch.device("cpu", 1)])
+    with pytest.raises(DevicePlanError, match="choose one of auto, threads, processes"):
+        worker_kind("fibres", [torch.device("cpu")])
+    assert worker_kind("auto", [torch.device("cpu")] * 2) == "threads"
+
+
+# -- faults --------------------------------------------------------------------------------------------------
+
+
+def _dies_in_encoder_layer_1(monkeypatch, how):
+    """Encoder layer 1's cells end their stage's process (``how``:
+    ``kill``, SIGKILL; ``raise``, an exception): the stages are forked, so
+    they inherit the patch."""
+    from fairseq_hybrid.models import lstm_stacks
+
+    real = lstm_stacks.LSTMEncoderStack.run_chunk
+
+    def run_chunk(self, layer, *args, **kwargs):
+        if layer == 1 and os.environ.get("HYBRID_TEST_FAULT") == how:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("the cell broke on purpose")
+        return real(self, layer, *args, **kwargs)
+
+    monkeypatch.setattr(lstm_stacks.LSTMEncoderStack, "run_chunk", run_chunk)
+
+
+@pytest.mark.parametrize("how,message", [
+    ("kill", r"hybrid stage 1 \(cpu\) died \(exit code -9\) in encoder layer 1 chunk 0 \(forward\)"),
+    ("raise", r"hybrid stage 1 \(cpu\) failed: RuntimeError: the cell broke on purpose")])
+def test_a_stage_that_dies_or_fails_ends_the_step_naming_device_and_cell(how, message, dictionaries, monkeypatch):
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_timeout": 60,
+                                                            **PROCESSES})
+    _dies_in_encoder_layer_1(monkeypatch, how)
+    criterion(group, sample)  # the stages start and run a step
+    pids = stage_pids(group)
+    monkeypatch.setenv("HYBRID_TEST_FAULT", how)  # the stages' cells read it: new stages, forked with it set
+    group.hybrid_group.stages.close()
+    assert not any(alive(pid) for pid in pids)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=message):
+        criterion(group, sample)
+    assert time.monotonic() - started < 10
+    assert group.hybrid_group.stages.processes == []  # every stage ended
+    monkeypatch.delenv("HYBRID_TEST_FAULT")
+    # the next step starts new stages and computes one device's loss
+    torch.testing.assert_close(criterion(group, sample)[0], criterion(single, sample)[0], rtol=1e-5, atol=0)
+
+
+TRAINER = textwrap.dedent("""
+    import os, sys, time, signal
+    sys.path.insert(0, {tests!r})
+    import torch
+    from conftest import StandInTask, build_model, make_sample
+    from fairseq_hybrid.harness.stand_ins import make_dictionary
+    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    src, tgt = make_dictionary(), make_dictionary(37)
+    model = build_model("hybrid_lstm_tiny", src, tgt, encoder_layers=3, decoder_layers=3,
+                        hybrid_devices="cpu,cpu,cpu", hybrid_workers="processes")
+    criterion = HybridCrossEntropyCriterion(StandInTask(src, tgt), False, 0.1)
+    sample = make_sample(src, tgt, [5, 3, 7], [4, 6, 2])
+    criterion(model, sample)[0].backward()
+    print(" ".join(str(p.pid) for p in model.hybrid_group.stages.processes), flush=True)
+    how = sys.argv[1]
+    if how == "exit":
+        sys.exit(0)
+    if how == "raise":
+        raise RuntimeError("the trainer failed")
+    time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("how", ["exit", "raise", "SIGINT", "SIGTERM", "SIGKILL"])
+def test_no_stage_outlives_the_trainer(how, tmp_path):
+    """However the trainer's process ends (normally, by an exception, by
+    Ctrl-C, SIGTERM or SIGKILL), its stages end within seconds."""
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    trainer = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        pids = [int(pid) for pid in trainer.stdout.readline().split()]
+        assert len(pids) == 3, trainer.stderr.read()
+        assert all(alive(pid) for pid in pids) or how in ("exit", "raise")
+        if how.startswith("SIG"):
+            trainer.send_signal(getattr(signal, how))
+        trainer.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if alive(pid)]
+    finally:
+        trainer.kill()
+        trainer.wait()
