@@ -231,7 +231,7 @@ def race_rows(rows) -> List[Dict]:
 
 
 def global_batch_markdown(table: Dict) -> List[str]:
-    readings = {"queued": "host queued", "summed": "host summed"}
+    readings = {"queued": "host queued", "per-device": "host queued, one per device", "summed": "host summed"}
     lines = ["", f"At a fixed global batch of B sentences ({table['sentence'][0]} + {table['sentence'][1]} tokens; "
              f"{readings[table['host_model']]}): DDP at B/K sentences per GPU, one group of K at B, groups of 2 or "
              "4 under DDP each at their share; tokens/s over one GPU at B, and in brackets the step of DDP over "
@@ -568,6 +568,8 @@ def markdown(report: Dict) -> str:
                      f"{auto['busiest_share']:.1%} |")
     readings = {"queued": "the host queueing each cell ahead of the devices, one host for the group's workers "
                           "(one worker's host time per cell, measured on CPU, the LSTM kernel call as one op)",
+                "per-device": "the host queueing each cell ahead of its device, one host (process) per device "
+                              "(one worker's host time per cell, measured on CPU, the LSTM kernel call as one op)",
                 "summed": "the host time per cell measured with K workers on CPU added to each cell's device time "
                           "(the pessimistic end)"}
     for host_model, by_set in report["race"].items():
@@ -659,10 +661,11 @@ def main(argv=None) -> int:
     parser.add_argument("--global-real-tokens", type=integers, default=[3300, 6500, 13000],
                         help="with --data and --only-global: the global batches of the race on real batches, as "
                         "--max-tokens (default 3300,6500,13000: about 256, 512 and 1,024 Tatoeba sentences)")
-    parser.add_argument("--host-models", type=host_models, default=list(HOST_MODELS),
+    parser.add_argument("--host-models", type=host_models, default=["queued", "summed"],
                         help="how the host time is priced, the first also on real batches (default queued,summed: "
                         "queued ahead of the devices on one host shared by the workers; summed with the device "
-                        "time, the pessimistic end)")
+                        "time, the pessimistic end; per-device: queued, one host per device, as "
+                        "--hybrid-workers processes runs; benchmarks/host_per_device.py sets the two side by side)")
     parser.add_argument("--no-gnmt", dest="gnmt", action="store_false",
                         help="leave out the calibration in GNMT v2's published setting (4 x V100)")
     parser.add_argument("--global-sets", type=names_of(GLOBAL_SETS), default=list(GLOBAL_SETS),

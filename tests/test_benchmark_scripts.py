@@ -290,3 +290,21 @@ def test_plan_measure_check_smoke(binarized, tmp_path):
                                     "hybrid on 2 devices, placement and micro-batches auto"}
     assert report["plan_picks"] in report["suite"] and isinstance(report["pick_within_suite_noise"], bool)
     assert "Predictions within 10% of the plan's own measurement" in open(f"{out}.md").read()
+
+
+def test_host_per_device_prices_the_readings_in_order(tmp_path):
+    """benchmarks/host_per_device.py under the H200 cost file on 2 GPUs: a
+    host per device is never slower than one for all, a third of its time
+    never slower than all of it, a free host is the ceiling; one GPU and
+    DDP are the same in every row."""
+    run(sys.executable, os.path.join(BENCHMARKS, "host_per_device.py"), "--cost-file",
+        os.path.join(REPO, "docs", "bench", "cost_file_h200.json"), "--sets", "none", "--gpus", "2", "--batches", "64",
+        "--out", tmp_path, timeout=600)
+    report = json.load(open(tmp_path / "host_per_device.json"))
+    (table,) = report["sets"].values()
+    speed = [row["batches"]["64"]["group_vs_one"] for row in table["rows"]]
+    assert [row["host_model"] for row in table["rows"]] == ["queued", "per-device", "per-device", "per-device"]
+    assert speed[0] < speed[1] <= speed[2] <= speed[3]
+    assert len({row["batches"]["64"]["ddp_vs_one"] for row in table["rows"]}) == 1
+    assert len({row["paper_measure"]["ddp"] for row in table["rows"]}) == 1
+    assert "| a process per device |" in open(tmp_path / "host_per_device.md").read()

@@ -261,7 +261,9 @@ def test_the_two_readings_of_the_host_time(tmp_path):
     assert queues and fixed["lstm/forward"] == pytest.approx(100e-6)
     fixed, queues = group_host(host_file("cpu"), 4, "summed")
     assert not queues and fixed["lstm/forward"] == pytest.approx(400e-6)
-    with pytest.raises(ValueError, match="queued, summed"):
+    fixed, queues = group_host(host_file("cpu"), 4, "per-device")
+    assert queues and fixed["lstm/forward"] == pytest.approx((25.0 + 2.0) * 1e-6)
+    with pytest.raises(ValueError, match="queued, per-device, summed"):
         group_host(None, 4, "overlapped")
 
 

@@ -28,17 +28,26 @@ def test_the_plan_predicts_what_the_race_predicts(tmp_path, capsys):
     printed = capsys.readouterr()
     result = json.loads(out.read_text())
     model, cfg = twin_model("hybrid_lstm_paper", 32000)
-    costs = set_costs_of("p100", model, cfg, uniform_batch(128, 50, 50), plan.HOST_COST, "queued",
-                         GNMT_A100_TOKENS_PER_S)
-    rows = race(model, cfg, costs, 4, 64, 50, 50, (1, 2), None)
-    assert [row["name"] for row in result["rows"]] == [row.name for row in rows]
-    for mine, theirs in zip(result["rows"], rows):
+    # every group twice: its cells queued by one process (threads) and by a process per device
+    raced = {}
+    for host_model, workers in (("queued", "threads"), ("per-device", "processes")):
+        costs = set_costs_of("p100", model, cfg, uniform_batch(128, 50, 50), plan.HOST_COST, host_model,
+                             GNMT_A100_TOKENS_PER_S)
+        raced[workers] = race(model, cfg, costs, 4, 64, 50, 50, (1, 2), None)
+    expected = [(row.name, row) for row in raced["processes"] if row.group_size == 1]
+    for threads, processes in zip(raced["threads"], raced["processes"]):
+        if threads.group_size > 1:
+            expected += [(f"{threads.name}, threads", threads), (f"{processes.name}, processes", processes)]
+    assert [row["name"] for row in result["rows"]] == [name for name, _ in expected]
+    for mine, (_, theirs) in zip(result["rows"], expected):
         assert mine["step_ms"] == pytest.approx(theirs.step.total * 1e3, rel=1e-12)
         assert {key: mine.get(key) for key in theirs.choice} == theirs.choice
-    fastest = min(rows, key=lambda row: row.step.total)
-    assert result["fastest"] == fastest.name
-    assert f"{fastest.name}" in printed.out and "<- fastest" in printed.out
+    fastest = min(expected, key=lambda pair: pair[1].step.total)[0]
+    assert result["fastest"] == fastest
+    assert f"{fastest}" in printed.out and "<- fastest" in printed.out
     command = printed.out.split("Run the fastest with:")[1].strip()
+    if fastest.endswith(", processes"):
+        assert "--hybrid-workers processes" in command
     assert "--batch-size 64" in command and "--update-freq" not in command  # the global batch in one step
     assert "[plan] pricing a group of 4 at 64 sentences" in printed.err  # progress
 

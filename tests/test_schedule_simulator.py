@@ -83,6 +83,21 @@ def test_one_host_queues_for_every_worker():
     assert replay(cells, 4, _queued_cost(1.0, float("inf"), host_queues=True)) == (4.0, 4.0)
 
 
+def test_a_host_per_device_queues_the_workers_side_by_side():
+    """--hybrid-workers processes (host_per_device): independent cells of K
+    workers take one host time, not K; a worker's own cells still queue one
+    after another, and a cell still waits until its input is queued."""
+    one = Work("gather", 1, (1,))
+    cells = [Cell(str(w), w, [], None, one) for w in range(4)]
+    assert replay(cells, 4, _queued_cost(1.0, float("inf"), host_queues=True, host_per_device=True)) == (1.0, 1.0)
+    chain = [Cell("a", 0, [], None, one), Cell("b", 0, [], None, one), Cell("c", 1, [(1, 0)], None, one)]
+    # host: a 0..1 and b 1..2 on worker 0's host, c 2..3 on worker 1's (after b is queued); devices free
+    assert replay(chain, 2, _queued_cost(1.0, float("inf"), host_queues=True, host_per_device=True))[0] == 3.0
+    independent = chain[:2] + [Cell("c", 1, [], None, one)]
+    assert replay(independent, 2, _queued_cost(1.0, float("inf"), host_queues=True, host_per_device=True))[0] == 2.0
+    assert replay(independent, 2, _queued_cost(1.0, float("inf"), host_queues=True))[0] == 3.0
+
+
 def test_queued_cells_wait_for_host_device_and_inputs():
     one = Work("gather", 1, (1,))
     cells = [Cell("a", 0, [], None, one), Cell("b", 1, [], None, one), Cell("c", 1, [(0, 0)], None, one),

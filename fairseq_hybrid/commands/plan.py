@@ -249,15 +249,16 @@ def workload(args, own) -> Workload:
                     where + (f", x {update_freq} (--update-freq)" if update_freq > 1 else ""), fewest)
 
 
-def costs_for(own, workload: Workload):
-    """The cost set's function of K (:func:`race.set_costs_of`)."""
+def costs_for(own, workload: Workload, host_model: str = "per-device"):
+    """The cost set's function of K (:func:`race.set_costs_of`), the
+    groups' host read as ``host_model``."""
     from ..planning.gpu_costs import set_tokens_per_s
     from ..planning.race import set_costs_of, uniform_batch
 
     tokens_per_s = set_tokens_per_s(own.cost_set, own.one_device_tokens_per_s or own.file_tokens_per_s)
     reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
     try:
-        return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, "queued",
+        return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, host_model,
                             tokens_per_s)
     except ValueError as error:
         raise PlanError(f"--one-device-tokens-per-s {tokens_per_s:g}: {error}") from error
@@ -283,6 +284,25 @@ def priced_rows(load: Workload, own, costs, rank_cost, progress=lambda text: Non
     return table, fastest(rows).name
 
 
+def by_workers(load: Workload, own, progress) -> Tuple[List[Dict], str]:
+    """On GPUs, every group priced twice: its cells queued by one process
+    (``--hybrid-workers threads``) and by a process per device
+    (``processes``); one GPU and DDP are the same either way.  The rows
+    and the fastest's name."""
+    from ..planning.gpu_costs import WORKERS_OF_HOST_MODEL
+
+    tables = {}
+    for host_model, workers in WORKERS_OF_HOST_MODEL.items():
+        progress(f"groups with {workers}")
+        tables[workers], _ = priced_rows(load, own, costs_for(own, load, host_model), None, progress)
+    table = [row for row in tables["processes"] if row["group_size"] == 1]
+    for threads, processes in zip(tables["threads"], tables["processes"]):
+        if threads["group_size"] > 1:
+            for row, workers in ((threads, "threads"), (processes, "processes")):
+                table.append(dict(row, name=f"{row['name']}, {workers}", workers=workers))
+    return table, min(table, key=lambda row: row["step_ms"])["name"]
+
+
 def plan(own, args, progress=print, load: Optional[Workload] = None) -> Dict:
     """The race for the user's command: its candidates as rows, the
     fastest's name, and what the prices assumed."""
@@ -294,7 +314,10 @@ def plan(own, args, progress=print, load: Optional[Workload] = None) -> Dict:
     def step_progress(text: str) -> None:
         progress(f"[plan] {text} ({time.time() - started:.0f} s so far)")
 
-    table, fastest_name = priced_rows(load, own, costs, rank_cost, step_progress)
+    if own.cpu_costs:
+        table, fastest_name = priced_rows(load, own, costs, rank_cost, step_progress)
+    else:
+        table, fastest_name = by_workers(load, own, step_progress)
     return {"gpus": own.gpus, "cost_set": None if own.cpu_costs else own.cost_set, "cost_file": own.cost_file,
             "measured_on": own.measured_on, "calibration": own.calibration,
             "host_cost": own.host_cost, "sentences": load.sentences,
@@ -359,6 +382,8 @@ def command_for(row: Dict, train: List[str], args, sentences: int, devices: Opti
         world = ["--distributed-world-size", str(row["gpus"])] if row["gpus"] > 1 else []
         return shlex.join(["fairseq-train", *rest, *batch, *world])
     group = ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches", str(row["micro_batches"])]
+    if row.get("workers"):
+        group += ["--hybrid-workers", row["workers"]]
     if row["placement"]:
         group += ["--hybrid-placement", row["placement"]]
     if row["groups"] == 1:
@@ -378,11 +403,11 @@ def report(result: Dict, train: List[str], args, devices: Optional[Sequence[str]
     else:
         where = f"{result['gpus']} GPU(s), {result['cost_set']} cost set (no two GPUs have run this code)"
     lines = [f"Predicted on {where}, a global batch of {result['sentences']} sentences a step:", "",
-             f"{'candidate':<28} {'per GPU/group':>13} {'tokens/s':>10} {'vs one GPU':>10} {'vs DDP':>7}"]
+             f"{'candidate':<36} {'per GPU/group':>13} {'tokens/s':>10} {'vs one GPU':>10} {'vs DDP':>7}"]
     for row in result["rows"]:
         mark = "  <- fastest" if row["name"] == result["fastest"] else ""
         vs_ddp = f"{row['vs_ddp']:.2f}" if "vs_ddp" in row else ""
-        lines.append(f"{row['name']:<28} {row['sentences_per_group']:>13} {row['tokens_per_s']:>10,.0f} "
+        lines.append(f"{row['name']:<36} {row['sentences_per_group']:>13} {row['tokens_per_s']:>10,.0f} "
                      f"{row['speedup']:>9.2f}x {vs_ddp:>7}{mark}")
     chosen = result["fastest"]
     if result.get("measured"):

@@ -68,6 +68,8 @@ def build(train: List[str], devices: Sequence[str], group: Dict = None):
                  "--hybrid-micro-batches", str(group.get("micro_batches", 1))]
         if group.get("placement"):
             args += ["--hybrid-placement", group["placement"]]
+        if group.get("workers"):
+            args += ["--hybrid-workers", group["workers"]]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), args))
     task = tasks.setup_task(cfg.task)
     task.load_dataset(cfg.dataset.train_subset)

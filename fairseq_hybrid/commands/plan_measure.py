@@ -123,7 +123,7 @@ def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int) 
 
     cpu = devices[0] == "cpu"
     spec = {"train": train, "batches": batches, "warmup": WARMUP,
-            "group": chosen(row) if row["group_size"] > 1 else None}
+            "group": dict(chosen(row), workers=row.get("workers", "auto")) if row["group_size"] > 1 else None}
     if row["group_size"] == 1 and row["groups"] == 1:
         # one device; on CPU devices with every core (the other way to use them)
         return dict(spec, kind="one", devices=list(devices[:1]), threads=len(devices) if cpu else 1)
@@ -179,10 +179,10 @@ def measured_lines(result: Dict) -> List[str]:
              "the median" + ("; each round priced with a calibration run just before it (predicted: the rounds' "
                              "median; measured/predicted: the median of the rounds' ratios):"
                              if result["measured"].get("priced_each_round") else ":"), "",
-             f"{'candidate':<28} {'predicted':>10} {'measured':>10} {'lowest-highest':>17} {'measured/predicted':>19}"]
+             f"{'candidate':<36} {'predicted':>10} {'measured':>10} {'lowest-highest':>17} {'measured/predicted':>19}"]
     for row in result["rows"]:
         mark = "  <- fastest measured" if row["name"] == result["fastest_measured"] else ""
         span = f"{min(row['measured_rounds']):,.0f}-{max(row['measured_rounds']):,.0f}"
-        lines.append(f"{row['name']:<28} {row['predicted_median']:>10,.0f} {row['measured_tokens_per_s']:>10,.0f} "
+        lines.append(f"{row['name']:<36} {row['predicted_median']:>10,.0f} {row['measured_tokens_per_s']:>10,.0f} "
                      f"{span:>17} {row['measured_vs_predicted']:>19.2f}{mark}")
     return lines

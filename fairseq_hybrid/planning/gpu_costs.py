@@ -11,9 +11,10 @@ named sets are the assumptions the documentation's tables state: ``p100``
 calibration of DDP's prediction) and ``v100-pcie`` (that GPU on the p100
 set's PCIe link, no NVLink).
 
-The host time comes in two readings (:data:`HOST_MODELS`): ``queued``, a
+The host time comes in three readings (:data:`HOST_MODELS`): ``queued``, a
 GPU's host queueing each cell's kernels ahead of the device, one host for
-the group's worker threads (the simulator's ``host_queues``), with the
+the group's worker threads (the simulator's ``host_queues``); ``per-device``,
+the same with a host per device (``--hybrid-workers processes``), with the
 host time one worker measured alone and the CPU's LSTM kernel call counted
 as one op (a GPU's cuDNN call queues kernels; the CPU's oneDNN call does
 the layer's work); and ``summed``, the host time measured with K workers
@@ -32,7 +33,7 @@ from .schedule_simulator import CostModel, StepTime, flops, step_time
 
 __all__ = ["KINDS", "PHASES", "COST_SETS", "NAMED_SETS", "LSTM_CURVES", "host_report", "STEP_US", "HOST_MODELS",
            "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S", "SET_TOKENS_PER_S", "PUBLISHED_SETS",
-           "set_tokens_per_s", "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE",
+           "set_tokens_per_s", "WORKERS_OF_HOST_MODEL", "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE",
            "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate", "set_costs", "total_flops",
            "lstm_batch_curve", "flat_past_reference", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
 
@@ -57,7 +58,9 @@ STEP_US = {"p100": 20.0, "a100": 10.0, "v100": 10.0, "v100-pcie": 10.0}
 # a cost file's measurement; the named sets take lstm_batch_efficiency.json's
 LSTM_CURVES: Dict[str, Tuple[Dict[str, list], int]] = {}
 
-HOST_MODELS = ("queued", "summed")
+HOST_MODELS = ("queued", "per-device", "summed")
+# the --hybrid-workers kind each queueing host model stands for
+WORKERS_OF_HOST_MODEL = {"queued": "threads", "per-device": "processes"}
 
 
 GNMT_A100_TOKENS_PER_S = 83.2e3  # NVIDIA GNMT v2 (PyTorch), one A100, TF32, batch 128: source + target tokens/s
@@ -119,6 +122,7 @@ def group_host(path: Optional[str], k: int, host_model: str) -> Tuple[Dict[str, 
     takes one worker's host time (the simulator makes the K workers take
     turns on the host), with the LSTM kernel call as one op where a CPU
     measured its share (on a GPU that call's host time is what it is);
+    ``per-device`` the same, each worker on a host of its own;
     ``summed`` the K-worker row, added to the device time."""
     if host_model not in HOST_MODELS:
         raise ValueError(f"host model {host_model!r}: one of {', '.join(HOST_MODELS)}")
@@ -191,7 +195,7 @@ def set_costs(name: str, path: Optional[str], k: int, step_us: float, rate: floa
     (one data-parallel rank) under ``host_model``."""
     fixed, queues = group_host(path, k, host_model)
     fixed_one, _ = group_host(path, 1, host_model)
-    return (cost_set(name, fixed, step_us, rate, host_queues=queues),
+    return (cost_set(name, fixed, step_us, rate, host_queues=queues, host_per_device=host_model == "per-device"),
             cost_set(name, fixed_one, step_us, rate, host_queues=queues))
 
 
@@ -239,7 +243,8 @@ def matmul_curve() -> Tuple[list, int]:
 def gpu_cost_model(rate: float, fixed: Dict[str, float], step_us: float, step_overhead: float,
                    link_bandwidth: float, link_latency: float, note: str = "",
                    batch_efficiency: bool = True, host_queues: bool = False,
-                   lstm_curve: Optional[Tuple[Dict[str, list], int]] = None) -> CostModel:
+                   lstm_curve: Optional[Tuple[Dict[str, list], int]] = None,
+                   host_per_device: bool = False) -> CostModel:
     """Every cell kind at ``rate`` FLOP/s, ``fixed`` seconds per cell call
     by ``kind/phase``, ``step_us`` per LSTM time step forward (twice
     backward), ``step_overhead`` seconds per step outside the cells.
@@ -249,7 +254,8 @@ def gpu_cost_model(rate: float, fixed: Dict[str, float], step_us: float, step_ov
     fewer target positions than the fused loss's 256-row chunks likewise
     (:func:`matmul_curve`); without it, FLOPs cost the same at any batch
     (the bound).  ``host_queues``: the host queues each cell
-    ahead of the device, one host for all workers (:data:`HOST_MODELS`).
+    ahead of the device, one host for all workers (:data:`HOST_MODELS`),
+    or one each with ``host_per_device``.
     ``lstm_curve``: the LSTM curve measured on the GPU priced (a cost
     file's) in place of the published one."""
     curve, reference = (lstm_curve or lstm_batch_curve()) if batch_efficiency else ({}, 0)
@@ -258,15 +264,15 @@ def gpu_cost_model(rate: float, fixed: Dict[str, float], step_us: float, step_ov
                      per_step={"lstm/forward": step_us * 1e-6, "lstm/backward": 2 * step_us * 1e-6},
                      step_overhead=step_overhead, link_bandwidth=link_bandwidth, link_latency=link_latency,
                      note=note, lstm_batch_seconds=curve, lstm_reference_batch=reference, host_queues=host_queues,
-                     matmul_rows_flops=matmul, matmul_reference_rows=matmul_reference)
+                     host_per_device=host_per_device, matmul_rows_flops=matmul, matmul_reference_rows=matmul_reference)
 
 
 def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float,
-             batch_efficiency: bool = True, host_queues: bool = False) -> CostModel:
+             batch_efficiency: bool = True, host_queues: bool = False, host_per_device: bool = False) -> CostModel:
     """The named set (:data:`COST_SETS`) at ``rate`` with this host time and
     time-step latency."""
     return gpu_cost_model(rate, fixed, step_us, batch_efficiency=batch_efficiency, host_queues=host_queues,
-                          lstm_curve=LSTM_CURVES.get(name), **COST_SETS[name])
+                          lstm_curve=LSTM_CURVES.get(name), host_per_device=host_per_device, **COST_SETS[name])
 
 
 def predicted_step(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, chunk_length: int = 0,

@@ -22,7 +22,8 @@ with the same dependencies gives the step's time without running it:
 On a GPU the host only queues a cell's kernels and goes on
 (``CostModel.host_queues``): a cell's fixed cost is then host time, spent
 on one host shared by the group's worker threads (they take turns holding
-the GIL), and its arithmetic is device time that starts once the cell is
+the GIL), or with ``host_per_device`` on each worker's own host (a process
+per device, ``--hybrid-workers processes``), and its arithmetic is device time that starts once the cell is
 queued, its device is free and its inputs are there.  The host runs ahead
 of the devices as far as the dependencies let it (a worker queues its next
 cell once the inputs' producers have queued theirs).  Without it (CPU
@@ -125,6 +126,8 @@ class CostModel:
     # the fixed seconds are host time that queues the device's work: one host for all workers, the device
     # running behind it (a GPU); False: a cell costs fixed + arithmetic on its own worker (CPU devices)
     host_queues: bool = False
+    # with host_queues: every worker has a host of its own (--hybrid-workers processes) instead of one for all
+    host_per_device: bool = False
     note: str = ""
 
     def overhead(self, devices: int) -> float:
@@ -351,7 +354,8 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
         """Each cell's finish when the cells run in ``sequence`` (each
         worker's in that order), each after the cells in ``after[i]``."""
         host_done = (_host_schedule(sequence, after, [cell.worker for cell in cells],
-                                    [cost.host_seconds(cell.work, phase) for cell in cells]) if queued else None)
+                                    [cost.host_seconds(cell.work, phase) for cell in cells], cost.host_per_device)
+                     if queued else None)
         free = [0.0] * num_workers
         finish = [0.0] * len(cells)
         for i in sequence:
@@ -380,33 +384,36 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
 
 
 def _host_schedule(sequence: Sequence[int], after: Sequence[Sequence[int]], workers: Sequence[int],
-                   host: Sequence[float]) -> List[float]:
+                   host_seconds: Sequence[float], per_device: bool = False) -> List[float]:
     """When each cell's host part is done, with one host for all workers:
     a worker queues its cells in ``sequence``'s order, each once the cells
     in ``after[i]`` are queued; the host takes, whenever it is free, the
     cell that has been ready longest (the earliest in ``sequence`` among
-    equals).  Worker threads on one GIL take turns like this."""
+    equals).  Worker threads on one GIL take turns like this.
+    ``per_device``: every worker has a host of its own (a process per
+    device), so only a worker's own cells wait for its host."""
     rank = {cell: position for position, cell in enumerate(sequence)}
-    waits_for: List[List[int]] = [list(after[i]) for i in range(len(host))]
+    waits_for: List[List[int]] = [list(after[i]) for i in range(len(host_seconds))]
     previous: Dict[int, int] = {}
     for i in sequence:
         if workers[i] in previous:
             waits_for[i].append(previous[workers[i]])
         previous[workers[i]] = i
     unmet = [len(set(waiting)) for waiting in waits_for]
-    followers: List[List[int]] = [[] for _ in host]
+    followers: List[List[int]] = [[] for _ in host_seconds]
     for i, waiting in enumerate(waits_for):
         for j in set(waiting):
             followers[j].append(i)
-    ready_at = [0.0] * len(host)
-    done = [0.0] * len(host)
+    ready_at = [0.0] * len(host_seconds)
+    done = [0.0] * len(host_seconds)
     heap = [(0.0, rank[i], i) for i in sequence if unmet[i] == 0]
     heapq.heapify(heap)
-    host_free = 0.0
+    host_free: Dict[int, float] = {}
     while heap:
         ready, _, i = heapq.heappop(heap)
-        done[i] = max(ready, host_free) + host[i]
-        host_free = done[i]
+        host = workers[i] if per_device else 0
+        done[i] = max(ready, host_free.get(host, 0.0)) + host_seconds[i]
+        host_free[host] = done[i]
         for j in followers[i]:
             ready_at[j] = max(ready_at[j], done[i])
             unmet[j] -= 1
