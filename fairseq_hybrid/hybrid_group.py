@@ -232,7 +232,8 @@ class HybridGroup:
         if self.workers == "processes":
             if self.stages is None:
                 self.stages = StageProcesses(self.model, self.plan, self.timeout)
-            return self.stages.loss_sums(net_input, target, shard_loss, chunk_length, micro_batches, masks)
+            return self.stages.loss_sums(net_input, target, shard_loss, chunk_length, micro_batches, masks,
+                                         log_device_usage)
         built = build_step(self.model, self.plan, net_input, target, shard_loss, chunk_length, micro_batches,
                            self.replicas, masks)
         return run_step(built, self.timeout, log_device_usage)

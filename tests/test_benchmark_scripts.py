@@ -25,7 +25,7 @@ def test_bench_suite_smoke(binarized, tmp_path):
     run(sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), binarized / "bin", "--batches", "3", "--rounds", "1",
         "--max-tokens", "200", "--no-simulation", "--out", out, timeout=600)
     result = json.load(open(out / "bench.json"))
-    assert len(result["systems"]) == 12
+    assert len(result["systems"]) == 14
     assert all(row["target_tokens_per_s"] > 0 for row in result["systems"].values())
     # every group reports what its devices did (the engine's own metrics); the other systems have no group
     groups = {name: row["group"] for name, row in result["systems"].items() if "group" in row}

@@ -62,8 +62,9 @@ def hybrid_lstm_args(size=SIZE) -> List[str]:
 
 def preset_args(arch: str = "hybrid_lstm_base", devices: str = "", mode: str = "hybrid", chunk_length: int = 0,
                 placement: str = "", dropout: Optional[float] = None, dropout_masks: str = "",
-                micro_batches: str = "") -> List[str]:
-    """A ``hybrid_lstm`` preset, on one device or (``devices``) on a group."""
+                micro_batches: str = "", workers: str = "") -> List[str]:
+    """A ``hybrid_lstm`` preset, on one device or (``devices``) on a group
+    (``workers``: its ``--hybrid-workers``)."""
     args = ["--user-dir", USER_DIR, "--arch", arch, "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1"]
     if dropout is not None:
         args += ["--dropout", str(dropout)]
@@ -75,6 +76,8 @@ def preset_args(arch: str = "hybrid_lstm_base", devices: str = "", mode: str = "
             args += ["--hybrid-dropout-masks", dropout_masks]
         if micro_batches:
             args += ["--hybrid-micro-batches", micro_batches]
+        if workers:
+            args += ["--hybrid-workers", workers]
     return args
 
 
@@ -164,13 +167,14 @@ class System:
     mode: str = ""
     placement: str = ""
     micro_batches: str = ""
+    workers: str = ""  # a group's --hybrid-workers (default: the option's own)
 
     def model_args(self, devices: str) -> List[str]:
         if self.kind == "fairseq_lstm":
             return fairseq_lstm_args()
         if self.kind == "group":
             return preset_args("hybrid_lstm_base", devices, self.mode, 0, self.placement,
-                               micro_batches=self.micro_batches)
+                               micro_batches=self.micro_batches, workers=self.workers)
         return preset_args("hybrid_lstm_base")
 
 
@@ -186,6 +190,9 @@ def suite_systems(k: int) -> List[System]:
                micro_batches="auto"),
         System(f"hybrid on {k} devices, placement and micro-batches auto", "group", threads=k, mode="hybrid",
                placement="auto", micro_batches="auto"),
+        System(f"hybrid on {k} devices, processes", "group", threads=k, mode="hybrid", workers="processes"),
+        System(f"hybrid on {k} devices, placement and micro-batches auto, processes", "group", threads=k,
+               mode="hybrid", placement="auto", micro_batches="auto", workers="processes"),
         System(f"pure model parallel on {k} devices", "group", threads=k, mode="model"),
         System(f"pure data parallel on {k} devices (one process)", "group", threads=k, mode="data"),
         System(f"data parallel across {k} gloo processes", "gloo"),

@@ -194,7 +194,7 @@ class Stage:
         _synchronize(self.device)
         if step["grad_enabled"]:
             self.graph, self.built = graph, built
-        return {"results": results}
+        return {"results": results, "busy": graph.busy[self.me]}
 
     def backward(self, grads: Dict[Ref, Tensor]) -> Dict:
         """Run this stage's cells backward from the loss sums' gradients;
@@ -206,6 +206,7 @@ class Stage:
             param.grad = None
         graph, built = self.graph, self.built
         self.graph = self.built = None
+        busy = graph.busy[self.me]
         graph.run_backward({ref: arrive(grad, self.device) for ref, grad in grads.items()})
         filled: Dict[int, Tensor] = {}
         for position, param in enumerate(self.params):
@@ -231,7 +232,7 @@ class Stage:
             else:
                 buffer.copy_(grad)
         _synchronize(self.device)
-        return {"filled": sorted(filled), "new_buffers": new}
+        return {"filled": sorted(filled), "new_buffers": new, "busy": graph.busy[self.me] - busy}
 
 
 def _synchronize(device: torch.device) -> None:

@@ -27,12 +27,13 @@ import threading
 import time
 import weakref
 from multiprocessing.connection import wait
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.multiprocessing  # noqa: F401  (registers torch's reductions: shared buffers cross the pipes)
 from torch import Tensor
 
+from .cell_graph import DeviceUsage
 from .shard_sums import sum_on
 from .single_device_masks import draw_single_device_masks
 from .stage import stage_main
@@ -58,6 +59,8 @@ class StageProcesses:
         self.lent: Dict[int, Tensor] = {}  # parameters whose .grad is a stage's buffer itself
         self.store_dir: Optional[str] = None
         self._finalizer = None
+        self.usage: Optional[DeviceUsage] = None  # the last forward pass's, completed by its backward
+        self.report_usage: Optional[Callable[[DeviceUsage], None]] = None
 
     # -- life ------------------------------------------------------------------
 
@@ -113,10 +116,13 @@ class StageProcesses:
     # -- one step ----------------------------------------------------------------
 
     def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss, chunk_length: int,
-                  micro_batches: int, single_device_masks: bool) -> Tuple[Tensor, ...]:
+                  micro_batches: int, single_device_masks: bool,
+                  report_usage: Optional[Callable[[DeviceUsage], None]] = None) -> Tuple[Tensor, ...]:
         """The batch's summed shard losses, run on the stages; their
-        backward runs the stages' backward."""
+        backward runs the stages' backward, after which ``report_usage``
+        gets how busy each device was (each stage's time in its cells)."""
         self._ready()
+        self.report_usage = report_usage
         masks = None
         if single_device_masks:  # drawn here, from the trainer's generator, as one device draws them
             masks = draw_single_device_masks(self.model, net_input["src_tokens"].size(1),
@@ -134,9 +140,11 @@ class StageProcesses:
                               f"({error}); use --criterion hybrid_cross_entropy with --output-loss-chunk-rows > 0, "
                               f"or --hybrid-workers threads") from error
         self._synchronize()
+        started = time.perf_counter()
         for conn in self.conns:
             conn.send_bytes(message)
         replies = self._replies(range(len(self.conns)), self.timeout, "forward")
+        self.usage = DeviceUsage([reply["busy"] for reply in replies], time.perf_counter() - started)
         results: Dict[int, Tuple[int, List[Tuple[Tensor, bool]]]] = {}
         for me, reply in enumerate(replies):
             for cell, values in reply["results"].items():
@@ -176,9 +184,13 @@ class StageProcesses:
             if grad is not None:
                 per_stage[me][(cell, position)] = grad.detach().cpu()
         self._synchronize()
+        started = time.perf_counter()
         for conn, mine in zip(self.conns, per_stage):
             conn.send_bytes(pickle.dumps(("backward", mine)))
         replies = self._replies(range(len(self.conns)), self.timeout, "backward")
+        if self.report_usage is not None and self.usage is not None:
+            self.report_usage(DeviceUsage([busy + reply["busy"] for busy, reply in zip(self.usage.busy, replies)],
+                                          self.usage.wall + time.perf_counter() - started))
         contributions: Dict[int, List[Tensor]] = {}
         for me, reply in enumerate(replies):
             self.buffers[me].update(reply["new_buffers"])
