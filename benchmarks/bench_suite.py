@@ -158,7 +158,11 @@ def run_one(args):
             seconds = time.perf_counter() - start
     group = {name: float(value) for name, value in logged.get_smoothed_values().items()
              if name in GROUP_METRICS or (name.startswith("dev") and name.endswith("_busy"))}
-    return {"tokens": sum(totals), "seconds": seconds, "memory_mib": peak_memory(device, k), "group": group}
+    memory = peak_memory(device, k)
+    stages = getattr(getattr(systems[0][1], "hybrid_group", None), "stages", None)
+    for index, peak in enumerate(stages.peak_mib if stages is not None else ()):  # --hybrid-workers processes
+        memory[f"stage {index} (peak {'RSS' if device == 'cpu' else 'allocated'})"] = peak
+    return {"tokens": sum(totals), "seconds": seconds, "memory_mib": memory, "group": group}
 
 
 # -- the suite -------------------------------------------------------------------------

@@ -17,9 +17,18 @@ the end one JSON file and one Markdown table (``--out``, default
               shipped Tatoeba fixture in fp32, --amp and --fp16, on
               one device and on a group: finite losses, and the group's
               parameters equal one device's in fp32
-  speed       target tokens/s of fairseq's lstm against hybrid_lstm at the
-              same size on one device, and of one device against groups of
-              K = 2 and 4 (virtual) devices in each mode
+  workers     who queues the cells: the step of hybrid_lstm_paper at 128
+              sentences of 50 + 50 on K = 1, 2 and 4 devices (real GPUs
+              where there are K, else cuda:0 K times) with threads and
+              with processes (--hybrid-workers): tokens/s, each device's
+              host time per cell call and whether the hosts overlap (the
+              devices' summed busy time over the wall time: 1 is one host
+              at a time, K is K hosts at once); added to the cost file
+              where calibrate ran first.  On one GPU shared by K stages,
+              NCCL refuses two ranks on one device, so the stages move
+              tensors through host memory over gloo; their kernels share
+              the GPU (side by side only under CUDA MPS): such a run shows
+              the host side, not what K GPUs would compute
   calibrate   what the predictions assume, measured, and written as a cost
               file (cost_file.json in --out) that fairseq-hybrid-plan and
               fair_race.py read with --cost-file: the host time per cell on
@@ -35,8 +44,8 @@ the end one JSON file and one Markdown table (``--out``, default
               batch on the first device: the stream races it reports
 
   python benchmarks/gpu_check.py                       # everything, in at most 8 minutes (BUDGET, LIMITS)
-  python benchmarks/gpu_check.py --phases speed --steps 3
-  python benchmarks/gpu_check.py --device cpu --phases precision,speed --steps 2   # a smoke run without a GPU
+  python benchmarks/gpu_check.py --phases workers --steps 3
+  python benchmarks/gpu_check.py --device cpu --phases precision,workers --steps 2   # a smoke run without a GPU
 """
 
 import argparse
@@ -65,9 +74,9 @@ COST_FILE = "cost_file.json"  # what calibrate measured, as a cost set (fairseq_
 # latency) the cost file takes from this set: NVLink 3, the nearest of the named sets to an H100/H200 server's
 COST_BASE = "a100"
 FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
-PHASES = ("exactness", "precision", "speed", "calibrate", "streams")
+PHASES = ("exactness", "precision", "calibrate", "workers", "streams")
 # seconds per phase; with the start of each child they fit BUDGET, the 8 minutes a lent GPU machine gives
-LIMITS = {"exactness": 75, "precision": 140, "speed": 60, "calibrate": 120, "streams": 60}
+LIMITS = {"exactness": 75, "precision": 125, "calibrate": 120, "workers": 100, "streams": 60}
 BUDGET = 480
 CHUNK_SWEEP = ("0", "10", "2", "auto")
 MICRO_BATCH_SWEEP = (2, 4)  # a group of 4 at chunk length 0 with this many micro-batches
@@ -282,30 +291,69 @@ def throughput(arch, devices, mode, device, steps, batch, length, vocab, options
     return tokens / seconds
 
 
-def phase_speed(args, result):
+def group_step(arch, devices, workers, device, steps, batch, length, vocab):
+    """A group of ``devices`` with ``workers`` training ``steps`` steps of
+    one batch: target tokens/s, the wall time a step, each device's busy
+    share (the engine's ``devK_busy``: on a GPU, its host queueing cells) and
+    its cells a step (forward and backward)."""
+    import torch
+    from fairseq.logging import metrics
+
+    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    from fairseq_hybrid.harness.measuring import on_device, train_steps
+    from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
+    from fairseq_hybrid.parallel.step_cells import build_step
+
+    src_dict, tgt_dict = make_dictionary(vocab), make_dictionary(vocab)
+    torch.manual_seed(0)
+    model = build_model(arch, src_dict, tgt_dict, hybrid_devices=",".join(devices), hybrid_workers=workers)
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sample = on_device(make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch), device)
+    group = model.hybrid_group
+    try:
+        train_steps(model, criterion, optimizer, [sample], device)  # warm-up (and the stages' start)
+        with metrics.aggregate(new_root=True) as logged:
+            tokens, seconds = train_steps(model, criterion, optimizer, [sample] * steps, device)
+        busy = [float(logged.get_smoothed_values()[f"dev{index}_busy"]) for index in range(len(devices))]
+    finally:
+        if group.stages is not None:
+            group.stages.close()
+    built = build_step(model, group.plan, sample["net_input"], sample["target"], None, group.chunk_length, 1,
+                       group.replicas)
+    cells = [2 * sum(1 for cell in built.step.cells if cell.worker == index) for index in range(len(devices))]
+    return tokens / seconds, seconds / steps, busy, cells
+
+
+def phase_workers(args, result):
+    """Threads against processes at K = 1, 2, 4 (module docstring): the
+    host time per cell call of each device, and how far the hosts overlap."""
     import torch
 
-    count = torch.cuda.device_count() if args.device == "cuda" else 0
-    size = {"encoder_layers": 4, "decoder_layers": 4}
-    shape = dict(device=args.device, steps=args.steps, batch=args.batch, length=30, vocab=8000)
+    cuda = args.device == "cuda"
+    count = torch.cuda.device_count() if cuda else 0
+    arch, shape = (("hybrid_lstm_paper", dict(batch=128, length=50, vocab=32000)) if cuda else
+                   ("hybrid_lstm_tiny", dict(batch=8, length=6, vocab=50)))
     rows = []
-    result.update(rows=rows, shape=f"{args.device}, batch {args.batch} x 30 tokens, vocabulary 8000, "
-                                   f"{args.steps} timed steps after one warm-up")  # kept row by row
-    lstm_size = dict(encoder_embed_dim=256, encoder_hidden_size=256, encoder_layers=4, encoder_bidirectional=True,
-                     decoder_embed_dim=256, decoder_hidden_size=256, decoder_layers=4, decoder_out_embed_dim=256,
-                     criterion="label_smoothed_cross_entropy")
-    base = throughput("hybrid_lstm_base", [], "hybrid", options=size, **shape)
-    lstm = throughput("lstm", [], "hybrid", options=lstm_size, **shape)
-    rows.append({"system": "fairseq lstm, one device (input feeding, every encoder layer bidirectional)",
-                 "tokens_per_s": lstm, "vs_one_device": lstm / base})
-    rows.append({"system": "hybrid_lstm_base 4+4 layers, one device", "tokens_per_s": base, "vs_one_device": 1.0})
-    for k in (int(x) for x in args.groups.split(",")):
+    result.update(rows=rows, shape=f"{arch}, {shape['batch']} sentences of {shape['length']} + {shape['length']} "
+                                   f"tokens, {args.steps} timed steps after one warm-up")  # kept row by row
+    for k in (1, 2, 4) if cuda else (1, 2):
         devices = devices_for(args.device, count, k)
-        for mode in ("hybrid", "model", "data"):
-            rate = throughput("hybrid_lstm_base", devices, mode, options=size, **shape)
-            rows.append({"system": f"{mode} on {','.join(devices)}", "tokens_per_s": rate, "vs_one_device": rate / base})
+        for workers in ("threads", "processes"):
+            rate, wall, busy, cells = group_step(arch, devices, workers, args.device, args.steps, **shape)
+            rows.append({"devices": ",".join(devices), "workers": workers, "target_tokens_per_s": rate,
+                         "step_ms": wall * 1e3, "busy": busy,
+                         "host_us_per_call": [share * wall / calls * 1e6 for share, calls in zip(busy, cells)],
+                         "hosts_at_once": sum(busy)})
             result.save()
             print(rows[-1], flush=True)
+    path = os.path.join(args.work, COST_FILE)
+    if os.path.exists(path):  # calibrate's cost file: what each kind of worker measured, beside its host time
+        data = json.load(open(path))
+        data["workers"] = {"shape": result["shape"], "rows": rows}
+        with open(path, "w") as file:
+            json.dump(data, file, indent=2)
+        result["cost_file"] = path
     result["ok"] = True
 
 
@@ -500,11 +548,14 @@ def markdown(report):
             what = result.get("skipped") or (f"{result.get('races', '?')} race(s) reported over "
                                              f"{len(result.get('runs', []))} runs")
         lines.append(f"| {name} | {'yes' if result.get('ok') else 'NO'} | {result.get('seconds')} | {what} |")
-    speed = report["phases"].get("speed", {})
-    if speed.get("rows"):
-        lines += ["", f"Speed ({speed['shape']}):", "", "| system | target tokens/s | vs one device |",
-                  "| --- | ---: | ---: |"]
-        lines += [f"| {r['system']} | {r['tokens_per_s']:,.0f} | {r['vs_one_device']:.2f}x |" for r in speed["rows"]]
+    workers = report["phases"].get("workers", {})
+    if workers.get("rows"):
+        lines += ["", f"Who queues the cells ({workers['shape']}):", "",
+                  "| devices | workers | target tokens/s | step ms | host us per cell call, by device | hosts at once |",
+                  "| --- | --- | ---: | ---: | --- | ---: |"]
+        lines += [f"| {r['devices']} | {r['workers']} | {r['target_tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
+                  f"{', '.join(f'{us:,.0f}' for us in r['host_us_per_call'])} | {r['hosts_at_once']:.2f} |"
+                  for r in workers["rows"]]
     calibrate = report["phases"].get("calibrate", {})
     if calibrate.get("cost_file"):
         lines += ["", f"Cost file: `{COST_FILE}` (`fairseq-hybrid-plan --cost-file`, `fair_race.py --cost-file`)."]
@@ -517,7 +568,7 @@ def main():
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--out", default=os.path.join(REPO, "work", "gpu_check"))
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one)")
-    parser.add_argument("--groups", default="2,4", help="group sizes K for the speed phase")
+    parser.add_argument("--groups", default="2,4", help="group sizes K for the streams phase")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--updates", type=int, default=4, help="fairseq-train updates per precision run")

@@ -148,8 +148,8 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     and the table are written."""
     out = tmp_path / "out"
     run(sys.executable, os.path.join(BENCHMARKS, "gpu_check.py"), "--device", "cpu", "--phases",
-        "precision,calibrate,streams", "--updates", "2", "--steps", "2", "--out", out, "--work", tmp_path / "work",
-        timeout=600)
+        "precision,calibrate,workers,streams", "--updates", "2", "--steps", "2", "--out", out, "--work",
+        tmp_path / "work", timeout=600)
     report = json.load(open(out / "gpu_check.json"))
     runs = report["phases"]["precision"]["runs"]
     assert runs["fp32"]["one device"]["ok"] and runs["fp32"]["group cpu,cpu"]["finite"]
@@ -173,6 +173,14 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     assert written["lstm"]["seconds_per_step"]["forward"] == [
         [int(batch), row["forward"]] for batch, row in calibrate["lstm_seconds_per_step"]["rows"].items()]
     assert written["host_cost"]["rows"][0]["cell_us"] == calibrate["host_us_per_cell"]["K=1"]
+    # the workers phase: threads and processes at K = 1 and 2, each device's host time per call, into the file
+    workers = report["phases"]["workers"]
+    assert workers["ok"], workers
+    assert [(row["devices"], row["workers"]) for row in workers["rows"]] == [
+        ("cpu", "threads"), ("cpu", "processes"), ("cpu,cpu", "threads"), ("cpu,cpu", "processes")]
+    assert all(len(row["host_us_per_call"]) == len(row["devices"].split(",")) for row in workers["rows"])
+    assert written.get("workers", {}).get("rows") == workers["rows"]
+    assert "| cpu,cpu | processes |" in open(out / "gpu_check.md").read()
 
 
 @pytest.mark.slow

@@ -52,6 +52,16 @@ def test_processes_with_micro_batches_equal_one_device(micro_batches, count, mod
                 group_options={**PROCESSES, "hybrid_micro_batches": micro_batches, "hybrid_chunk_length": 2})
 
 
+def test_spawned_stages_equal_one_device(dictionaries, monkeypatch):
+    """Stages started as a GPU group starts them (spawn: a fresh
+    interpreter, the model pickled with torch's reductions, its parameters
+    shared rather than copied), here on CPU devices."""
+    from fairseq_hybrid.parallel.stage_processes import StageProcesses
+
+    monkeypatch.setattr(StageProcesses, "start_method", "spawn")
+    check_equal(["cpu"] * 2, "hybrid", dictionaries, group_options=PROCESSES)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_processes_with_tied_embeddings_residual_and_mlp_attention(mode, dictionaries):
     check_equal(["cpu"] * 3, mode, dictionaries, group_options=PROCESSES, share_decoder_input_output_embed=True,
@@ -129,10 +139,14 @@ def test_two_backward_passes_before_the_optimizer_add_up(dictionaries):
         torch.testing.assert_close(sums[1][name], sums[0][name], rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_the_optimizers_updates_reach_the_stages(dictionaries):
-    """The stages read the trainer's parameters themselves: after an
-    in-place update (what fairseq's optimizers do), the next step's loss is
-    the one device's at the updated weights."""
+@pytest.mark.parametrize("start_method", [None, "spawn"])
+def test_the_optimizers_updates_reach_the_stages(start_method, dictionaries, monkeypatch):
+    """The stages read the trainer's parameters themselves (forked or
+    spawned): after an in-place update (what fairseq's optimizers do), the
+    next step's loss is the one device's at the updated weights."""
+    from fairseq_hybrid.parallel.stage_processes import StageProcesses
+
+    monkeypatch.setattr(StageProcesses, "start_method", start_method)
     src_dict, tgt_dict = dictionaries
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.0)
     single, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu,cpu", **PROCESSES})

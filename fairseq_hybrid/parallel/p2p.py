@@ -44,11 +44,15 @@ class PeerLost(RuntimeError):
 class Transport:
     """This stage's messages to and from the other stages of its group."""
 
-    def __init__(self, rank: int, size: int, store, device: torch.device, timeout: float):
+    def __init__(self, rank: int, size: int, store, device: torch.device, timeout: float,
+                 distinct_devices: bool = True):
         self.rank, self.size, self.device = rank, size, device
         delta = datetime.timedelta(seconds=timeout)
         self.headers = dist.ProcessGroupGloo(dist.PrefixStore("headers/", store), rank, size, delta)
-        if device.type == "cuda":
+        # through host memory: CPU devices, and GPU stages that share a GPU (NCCL refuses two ranks on one
+        # device, "Duplicate GPU detected" in its init.cc; gloo's send and recv take a host pointer)
+        self.staged = device.type == "cuda" and not distinct_devices
+        if device.type == "cuda" and distinct_devices:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = delta
             self.data = dist.ProcessGroupNCCL(dist.PrefixStore("data/", store), rank, size, options)
@@ -74,7 +78,7 @@ class Transport:
             header[0] = 0
         self.pending.append((self.headers.send([header], peer, TAG), header))
         if tensor is not None:
-            tensor = tensor.contiguous()
+            tensor = tensor.to("cpu") if self.staged else tensor.contiguous()
             self.pending.append((self.data.send([tensor], peer, TAG), tensor))
 
     def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
@@ -84,9 +88,9 @@ class Transport:
         if not present:
             return None, False
         shape = [size for size in dims if size >= 0]
-        tensor = torch.empty(shape, dtype=DTYPES[dtype], device=self.device)
+        tensor = torch.empty(shape, dtype=DTYPES[dtype], device="cpu" if self.staged else self.device)
         _wait(self.data.recv([tensor], peer, TAG), peer)
-        return tensor, bool(requires_grad)
+        return (tensor.to(self.device) if self.staged else tensor), bool(requires_grad)
 
     def take(self, peer: int, key: Hashable) -> Tuple[Optional[Tensor], bool]:
         """The message ``key`` from ``peer`` (receiving the ones it sends

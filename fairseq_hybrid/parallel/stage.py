@@ -37,6 +37,22 @@ from .p2p import PeerLost
 from .transfer import arrive
 
 PR_SET_PDEATHSIG = 1
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt
+
+
+def keep_freed_memory() -> None:
+    """glibc gives large freed blocks back to the kernel (and takes them
+    again, page fault by page fault, at the next step) until a process's
+    own pattern of frees has raised its thresholds; a process that runs a
+    group's cells reaches that state by itself, a trainer whose stages run
+    them does not.  Fixed thresholds keep freed memory for the next step
+    (a no-op where the C library is not glibc)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):
+        pass
 
 
 class StageError(RuntimeError):
@@ -232,7 +248,19 @@ class Stage:
             else:
                 buffer.copy_(grad)
         _synchronize(self.device)
-        return {"filled": sorted(filled), "new_buffers": new, "busy": graph.busy[self.me] - busy}
+        return {"filled": sorted(filled), "new_buffers": new, "busy": graph.busy[self.me] - busy,
+                "peak_mib": peak_mib(self.device)}
+
+
+def peak_mib(device: torch.device) -> float:
+    """What this stage has held at most: its device's peak allocation on a
+    GPU, its process's peak resident set on CPU (the parameters it shares
+    with the trainer included)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _synchronize(device: torch.device) -> None:
@@ -297,7 +325,8 @@ def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: f
             from torch.distributed import FileStore
 
             from .p2p import Transport
-            transport = Transport(me, plan.size, FileStore(store_path, plan.size), device, timeout)
+            transport = Transport(me, plan.size, FileStore(store_path, plan.size), device, timeout,
+                                  distinct_devices=len(set(plan.devices)) == plan.size)
         stage = Stage(me, model, plan, transport, activity)
         conn.send(("ready", None))
         while True:

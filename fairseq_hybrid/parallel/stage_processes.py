@@ -36,7 +36,7 @@ from torch import Tensor
 from .cell_graph import DeviceUsage
 from .shard_sums import sum_on
 from .single_device_masks import draw_single_device_masks
-from .stage import stage_main
+from .stage import keep_freed_memory, stage_main
 from .thread_state import capture
 from .worker import WorkerError, WorkerTimeout
 
@@ -48,15 +48,20 @@ GRACE = 2.0  # seconds the other stages have to report, after a first failure
 class StageProcesses:
     """The stage processes of one group (started at its first step)."""
 
+    start_method: Optional[str] = None  # multiprocessing's; None: fork for CPU groups, spawn with CUDA
+
     def __init__(self, model, plan, timeout: float):
         self.model, self.plan, self.timeout = model, plan, timeout
         self.params = list(model.parameters())
         self.processes: List = []
+        self.peak_mib: List[float] = []
         self.conns: List = []
         self.activity: List = []
         self.pointers: Tuple[int, ...] = ()
         self.buffers: List[Dict[int, Tensor]] = []
-        self.lent: Dict[int, Tensor] = {}  # parameters whose .grad is a stage's buffer itself
+        # parameters whose .grad is a stage's buffer itself, or a sum kept from step to step (``sums``)
+        self.lent: Dict[int, Tensor] = {}
+        self.sums: Dict[int, Tensor] = {}
         self.store_dir: Optional[str] = None
         self._finalizer = None
         self.usage: Optional[DeviceUsage] = None  # the last forward pass's, completed by its backward
@@ -71,7 +76,9 @@ class StageProcesses:
         devices = self.plan.devices
         cuda = any(device.type == "cuda" for device in devices)
         # CUDA cannot run in a forked child; CPU groups fork (nothing imported or pickled again)
-        context = multiprocessing.get_context("spawn" if cuda else "fork")
+        context = multiprocessing.get_context(self.start_method or ("spawn" if cuda else "fork"))
+        if not cuda:
+            keep_freed_memory()  # the optimizer's temporaries, step after step (and the forked stages')
         with torch.no_grad():
             for param in self.params:
                 if param.device.type == "cpu":
@@ -96,6 +103,7 @@ class StageProcesses:
         self._finalizer = weakref.finalize(self, _end, list(self.processes), list(self.conns), self.store_dir,
                                            os.getpid())
         self.buffers = [{} for _ in devices]
+        self.peak_mib = [0.0 for _ in devices]  # each stage's, as its last backward reported it
         self.lent = {}
         self._replies(range(len(devices)), START_SECONDS, "starting")
         self.pointers = self._shared_pointers()
@@ -104,7 +112,7 @@ class StageProcesses:
         """End every stage (asked first, then made to)."""
         if self._finalizer is not None:
             self._finalizer()
-        self.processes, self.conns, self.activity, self.buffers, self.lent = [], [], [], [], {}
+        self.processes, self.conns, self.activity, self.buffers, self.lent, self.sums = [], [], [], [], {}, {}
         self._finalizer = None
 
     def _ready(self) -> None:
@@ -193,6 +201,7 @@ class StageProcesses:
                                           self.usage.wall + time.perf_counter() - started))
         contributions: Dict[int, List[Tensor]] = {}
         for me, reply in enumerate(replies):
+            self.peak_mib[me] = reply["peak_mib"]
             self.buffers[me].update(reply["new_buffers"])
             for position in reply["filled"]:
                 contributions.setdefault(position, []).append(self.buffers[me][position])
@@ -202,11 +211,14 @@ class StageProcesses:
                 if param.grad is None and len(grads_of) == 1 and grads_of[0].device == param.device:
                     param.grad = self.lent[position] = grads_of[0]
                     continue
-                total = param.grad
+                if param.grad is None:  # several stages' parts: summed into a tensor kept from step to step
+                    total = self.sums.get(position)
+                    if total is None or total.shape != param.shape or total.dtype != param.dtype:
+                        total = self.sums[position] = torch.empty_like(param)
+                    param.grad = self.lent[position] = total.copy_(grads_of[0])
+                    grads_of = grads_of[1:]
                 for grad in grads_of:
-                    grad = grad.to(param.device)
-                    total = grad.clone() if total is None else total.add_(grad)
-                param.grad = total
+                    param.grad.add_(grad.to(param.device))
 
     # -- waiting ---------------------------------------------------------------------
 
