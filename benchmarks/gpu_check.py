@@ -178,6 +178,7 @@ def phase_exactness(args, result):
     tests = [os.path.join(REPO, "tests", name)
              for name in ("test_hybrid_exactness.py", "test_step_cells.py", "test_cell_graph.py",
                           "test_single_device_masks.py", "test_worker.py")]
+    tests.append(os.path.join(REPO, "tests", "test_stage_processes.py") + "::test_cuda_processes_equal_one_device")
     report = os.path.join(args.work, "exactness.xml")
     code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
                             *tests], cwd=REPO)
@@ -239,8 +240,12 @@ def phase_precision(args, result):
             runs[precision] = {"skipped": "needs CUDA"}
             continue
         flags = [] if precision == "fp32" else [f"--{precision}"]
-        for side, extra in (("one device", []), (f"group {group}", ["--hybrid-devices", group])):
-            save = os.path.join(args.work, f"precision_{precision}_{'group' if extra else 'one'}")
+        sides = [("one device", "one", []), (f"group {group}", "group", ["--hybrid-devices", group])]
+        if precision != "fp32":  # a process per device under --amp and --fp16 (fp32: the exactness phase)
+            sides.append((f"group {group}, processes", "processes",
+                          ["--hybrid-devices", group, "--hybrid-workers", "processes"]))
+        for side, name, extra in sides:
+            save = os.path.join(args.work, f"precision_{precision}_{name}")
             command = [*FAIRSEQ_TRAIN, data, "--user-dir", os.path.join(REPO, "fairseq_hybrid"),
                        "--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
                        "--optimizer", "adam", "--lr", "0.005", "--clip-norm", "1.0", "--max-tokens", "600",

@@ -316,3 +316,18 @@ def test_host_per_device_prices_the_readings_in_order(tmp_path):
     assert len({row["batches"]["64"]["ddp_vs_one"] for row in table["rows"]}) == 1
     assert len({row["paper_measure"]["ddp"] for row in table["rows"]}) == 1
     assert "| a process per device |" in open(tmp_path / "host_per_device.md").read()
+
+
+@pytest.mark.slow
+def test_stage_overhead_smoke(binarized, tmp_path):
+    """benchmarks/stage_overhead.py on the fixture: both kinds timed, the
+    messages and bytes counted for processes only, the transport priced."""
+    run(sys.executable, os.path.join(BENCHMARKS, "stage_overhead.py"), binarized / "bin", "--batches", "2",
+        "--rounds", "1", "--max-tokens", "400", "--out", tmp_path, timeout=600)
+    report = json.load(open(tmp_path / "stage_overhead.json"))
+    threads, processes = report["kinds"]["threads"], report["kinds"]["processes"]
+    assert "messages_per_step" not in threads and processes["messages_per_step"] >= 2
+    assert len(threads["busy_ms"]) == len(processes["busy_ms"]) == 2
+    assert all(busy < step for busy in processes["busy_ms"] for step in [processes["step_ms"]])
+    assert report["transport"]["latency_ms"] < report["transport"]["one_way_ms_by_floats"]["2097152"]
+    assert "| processes |" in open(tmp_path / "stage_overhead.md").read()

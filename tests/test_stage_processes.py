@@ -44,6 +44,19 @@ def test_processes_equal_one_device(count, mode, dictionaries):
     check_equal(["cpu"] * count, mode, dictionaries, group_options=PROCESSES)
 
 
+CUDA_COUNT = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(CUDA_COUNT < 1, reason="needs a CUDA device")
+@pytest.mark.parametrize("mode,micro_batches", [("hybrid", 1), ("data", 1), ("hybrid", 3)])
+def test_cuda_processes_equal_one_device(mode, micro_batches, dictionaries):
+    """Stages on GPUs (spawned; NCCL between distinct GPUs, gloo through
+    host memory where they share one), the batch on the first device."""
+    devices = [f"cuda:{i % CUDA_COUNT}" for i in range(min(4, max(2, CUDA_COUNT)))]
+    check_equal(devices, mode, dictionaries, batch_on_first_device=True,
+                group_options={**PROCESSES, "hybrid_micro_batches": micro_batches})
+
+
 @pytest.mark.parametrize("mode", ["hybrid", "model"])
 @pytest.mark.parametrize("count", [2, 4])
 @pytest.mark.parametrize("micro_batches", [2, 4])

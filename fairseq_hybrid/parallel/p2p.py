@@ -59,6 +59,7 @@ class Transport:
         else:
             self.data = self.headers
         self.pending: List[object] = []  # sends not waited for, and the tensors they read
+        self.sent = [0, 0]  # messages and tensor bytes sent so far (what a step costs the transport)
         self.expected: Dict[int, Deque[Hashable]] = {}
         self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
 
@@ -77,7 +78,9 @@ class Transport:
         else:
             header[0] = 0
         self.pending.append((self.headers.send([header], peer, TAG), header))
+        self.sent[0] += 1
         if tensor is not None:
+            self.sent[1] += tensor.numel() * tensor.element_size()
             tensor = tensor.to("cpu") if self.staged else tensor.contiguous()
             self.pending.append((self.data.send([tensor], peer, TAG), tensor))
 

@@ -249,7 +249,14 @@ class Stage:
                 buffer.copy_(grad)
         _synchronize(self.device)
         return {"filled": sorted(filled), "new_buffers": new, "busy": graph.busy[self.me] - busy,
-                "peak_mib": peak_mib(self.device)}
+                "peak_mib": peak_mib(self.device), "sent": self._sent()}
+
+    def _sent(self) -> List[int]:
+        """Messages and bytes this stage sent since it last said."""
+        if self.transport is None:
+            return [0, 0]
+        sent, self.transport.sent = self.transport.sent, [0, 0]
+        return sent
 
 
 def peak_mib(device: torch.device) -> float:

@@ -55,6 +55,7 @@ class StageProcesses:
         self.params = list(model.parameters())
         self.processes: List = []
         self.peak_mib: List[float] = []
+        self.sent = [0, 0]
         self.conns: List = []
         self.activity: List = []
         self.pointers: Tuple[int, ...] = ()
@@ -200,7 +201,9 @@ class StageProcesses:
             self.report_usage(DeviceUsage([busy + reply["busy"] for busy, reply in zip(self.usage.busy, replies)],
                                           self.usage.wall + time.perf_counter() - started))
         contributions: Dict[int, List[Tensor]] = {}
+        self.sent = [0, 0]  # the step's messages and bytes between the stages (forward and backward)
         for me, reply in enumerate(replies):
+            self.sent = [total + part for total, part in zip(self.sent, reply["sent"])]
             self.peak_mib[me] = reply["peak_mib"]
             self.buffers[me].update(reply["new_buffers"])
             for position in reply["filled"]:
