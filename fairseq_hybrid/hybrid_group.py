@@ -169,7 +169,7 @@ class HybridGroup:
         group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout),
                     CostModel.load(cost_file) if cost_file else None, getattr(cfg, "hybrid_micro_batches", 1),
                     getattr(cfg, "hybrid_workers", "auto"))
-        logger.info("hybrid group (%s mode, %d devices, %s):\n%s", plan.mode, plan.size, group.workers,
+        logger.info("hybrid group (%s mode, %d devices), worker %s:\n%s", plan.mode, plan.size, group.workers,
                     group.placement_table())
         return group
 

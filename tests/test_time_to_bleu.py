@@ -42,7 +42,7 @@ def test_time_to_the_main_job_s_loss(tmp_path):
     assert report["sentences_to_target"]["x1"] == pytest.approx(600 * 100)
     assert report["sentences_to_target"]["x4"] == pytest.approx((150 + 0.8 * 50) * 400)
     systems = [row["system"] for row in report["rows"]]
-    assert systems[0].startswith("DDP on 4, 4 x") and "2 groups of 2 under DDP, the main job's batch" in systems
+    assert systems[0].startswith("DDP on 4, 4 x") and "2 groups of 2 under DDP, processes, the main job's batch" in systems
     for row in report["rows"]:
         sentences = report["sentences_to_target"]["x4" if row["system"].startswith("DDP on 4, 4 x") else "x1"]
         assert row["minutes"] == pytest.approx(sentences / row["sentences_per_s"] / 60)

@@ -24,16 +24,15 @@ import sys
 import threading
 import time
 import traceback
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from . import seeded_dropout, streams
 from .cell_graph import CellGraph, Ref
 from .replicas import ModelReplicas
-from .step_cells import build_step
 from .p2p import PeerLost
+from .step_cells import build_step
 from .transfer import arrive
 
 PR_SET_PDEATHSIG = 1
@@ -83,21 +82,19 @@ class StageGraph(CellGraph):
                 reader = cell.worker
                 if worker_of[ref[0]] != reader and reader not in self.readers.setdefault(tuple(ref), []):
                     self.readers[tuple(ref)].append(reader)
-        for readers in self.readers.values():
-            readers.sort()
+        self.sent_refs: Dict[int, List[Ref]] = {}  # by cell: its outputs another stage reads, in order
+        for ref in sorted(self.readers):
+            self.readers[ref].sort()
+            self.sent_refs.setdefault(ref[0], []).append(ref)
         self.forward_from: Dict[int, List[Ref]] = {}
         self.backward_from: Dict[int, List[Tuple[int, int]]] = {}
         for worker, order in enumerate(self.orders):
             if worker != me:
-                self.forward_from[worker] = [ref for index in order for ref in self._sent_refs(index)
+                self.forward_from[worker] = [ref for index in order for ref in self.sent_refs.get(index, ())
                                              if me in self.readers[ref]]
                 self.backward_from[worker] = [(index, position) for index in reversed(order)
                                               for position, (producer, _) in enumerate(self.cells[index].inputs)
                                               if worker_of[producer] == me]
-
-    def _sent_refs(self, index: int) -> List[Ref]:
-        """The outputs of cell ``index`` that another stage reads, in order."""
-        return sorted(ref for ref in self.readers if ref[0] == index)
 
     # -- forward ---------------------------------------------------------------
 
@@ -115,7 +112,7 @@ class StageGraph(CellGraph):
         return self.remote[ref], None
 
     def _produced(self, index: int) -> None:
-        for ref in self._sent_refs(index):
+        for ref in self.sent_refs.get(index, ()):
             value = self.outputs[index][ref[1]]
             for reader in self.readers[ref]:
                 self.transport.send(reader, value.detach(), value.requires_grad)

@@ -86,6 +86,8 @@ class StageProcesses:
                     param.share_memory_()
         self.store_dir = tempfile.mkdtemp(prefix="fairseq-hybrid-stages-")
         store = os.path.join(self.store_dir, "store")
+        # ends whatever started, however this start or this group ends (the lists fill as stages start)
+        self._finalizer = weakref.finalize(self, _end, self.processes, self.conns, self.store_dir, os.getpid())
         group, self.model.hybrid_group = getattr(self.model, "hybrid_group", None), None  # not pickled (spawn)
         try:
             for me, device in enumerate(devices):
@@ -101,8 +103,6 @@ class StageProcesses:
                 self.activity.append(activity)
         finally:
             self.model.hybrid_group = group
-        self._finalizer = weakref.finalize(self, _end, list(self.processes), list(self.conns), self.store_dir,
-                                           os.getpid())
         self.buffers = [{} for _ in devices]
         self.peak_mib = [0.0 for _ in devices]  # each stage's, as its last backward reported it
         self.lent = {}
