@@ -34,6 +34,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended and not yet
+    reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def run(*args, **kwargs):
     """Run a command line; fail the test with its output's tail if it fails."""
     result = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, alive, run
 
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 
@@ -105,16 +105,6 @@ def test_the_gpu_check_fits_the_machine_that_may_be_lent():
     finally:
         sys.path.remove(BENCHMARKS)
     assert gpu_check.BUDGET == 480 and sum(gpu_check.LIMITS.values()) <= gpu_check.BUDGET
-
-
-def alive(pid):
-    """Whether process ``pid`` still runs (a zombie, killed and not yet
-    reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_gpu_check_ends_a_hung_phase_and_all_it_started(tmp_path):

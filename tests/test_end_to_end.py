@@ -122,6 +122,26 @@ def test_hybrid_group_through_fairseq_train_and_generate(binarized, tmp_path):
         assert "loading it on one device" in generated.stderr + generated.stdout
 
 
+def test_a_process_per_device_through_fairseq_train_and_generate(binarized):
+    """--hybrid-workers processes: 20 updates give the single-device
+    parameters (--clip-norm included), and the checkpoint generates on one
+    device and on a group of threads."""
+    import torch
+
+    single = torch.load(train_updates(binarized, "single_for_processes"))
+    checkpoint = train_updates(binarized, "processes", "--hybrid-devices", "cpu,cpu", "--hybrid-workers", "processes")
+    group = torch.load(checkpoint)
+    assert group["cfg"]["model"]["hybrid_workers"] == "processes"
+    assert group["model"].keys() == single["model"].keys()
+    for name, value in single["model"].items():
+        torch.testing.assert_close(group["model"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+    for extra in ([], ["--model-overrides", "{'hybrid_workers': 'threads'}"]):
+        generated = run(os.path.join(BIN, "fairseq-generate"), binarized / "bin", "--user-dir", USER_DIR, "--cpu",
+                        "--path", checkpoint, "--beam", "2", "--max-tokens", "4000", "--max-len-b", "10",
+                        "--required-batch-size-multiple", "1", *extra)
+        assert len([line for line in generated.stdout.splitlines() if line.startswith("H-")]) == 200
+
+
 # two workers on one device: test_virtual_devices.py's test_virtual_workers_sharing_a_device covers the step
 @pytest.mark.parametrize("devices", ["cpu:0,cpu:1", pytest.param("cpu:0,cpu:0", marks=pytest.mark.benchmark)])
 def test_virtual_group_through_fairseq_train(binarized, devices):

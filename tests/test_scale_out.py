@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import BIN, USER_DIR, run
+from conftest import BIN, USER_DIR, alive, run
 from fairseq_hybrid.commands.train import parse, process_arguments, torchrun_command
 
 TINY = ["--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
@@ -72,29 +72,36 @@ def test_launcher_rejects_bad_arguments(argv, message, capsys):
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_process_on_the_union_of_their_batches(binarized, tmp_path):
+@pytest.mark.parametrize("workers,port", [("threads", 29631), ("processes", 29641)])
+def test_two_processes_equal_one_process_on_the_union_of_their_batches(binarized, tmp_path, workers, port):
     """fairseq gives rank r the batches r, r + 2, ...; one process with
     --update-freq 2 takes batches 2u and 2u + 1 for update u: the same
-    union, so the same parameters after 10 updates."""
+    union, so the same parameters after 10 updates (with a process per
+    device too: each rank's group forks its stages)."""
     run(os.path.join(BIN, "fairseq-hybrid-train"), "--nproc-per-node", "2", "--devices-per-process", "2",
-        "--device", "cpu", "--master-port", "29631", "--",
-        binarized / "bin", *TINY, "--max-update", "10", "--save-dir", tmp_path / "two")
+        "--device", "cpu", "--master-port", str(port), "--",
+        binarized / "bin", *TINY, "--max-update", "10", "--save-dir", tmp_path / "two", "--hybrid-workers", workers)
     assert_equals_one_process_with_update_freq_2(binarized, tmp_path / "one", tmp_path / "two" / "checkpoint_last.pt")
     assert sorted(os.listdir(tmp_path / "two")) == ["checkpoint_best.pt", "checkpoint_last.pt"]
 
 
-def train_command(binarized, save_dir):
+def train_command(binarized, save_dir, workers="threads"):
     return [os.path.join(BIN, "fairseq-train"), str(binarized / "bin"), "--user-dir", USER_DIR, "--cpu", *TINY,
             "--dropout", "0.2", "--max-update", "16", "--save-interval-updates", "4", "--hybrid-devices", "cpu,cpu",
-            "--save-dir", str(save_dir)]
+            "--hybrid-workers", workers, "--save-dir", str(save_dir)]
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_and_restart_ends_like_an_uninterrupted_run(binarized, tmp_path):
-    run(*train_command(binarized, tmp_path / "whole"))
-    command = train_command(binarized, tmp_path / "killed")
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_sigkill_mid_epoch_and_restart_ends_like_an_uninterrupted_run(binarized, tmp_path, workers):
+    """Killed with SIGKILL after update 8 and run again, training ends where
+    the uninterrupted run does; with a process per device the stages end
+    with the trainer."""
+    run(*train_command(binarized, tmp_path / "whole", workers))
+    command = train_command(binarized, tmp_path / "killed", workers)
     last = tmp_path / "killed" / "checkpoint_last.pt"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stages = []
     deadline = time.time() + 300
     try:
         while time.time() < deadline:
@@ -107,9 +114,16 @@ def test_sigkill_mid_epoch_and_restart_ends_like_an_uninterrupted_run(binarized,
             time.sleep(0.05)
         else:
             pytest.fail("no checkpoint at update 8 within 300 s")
+        stages = children(process.pid)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
+    if workers == "processes":
+        assert len(stages) >= 2
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in stages) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in stages if alive(pid)]
     killed_at = parameters(last)[0]
     assert 8 <= killed_at < 16  # killed in the middle of the first epoch (64 batches)
     resumed = run(*command)

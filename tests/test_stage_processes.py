@@ -13,25 +13,13 @@ import time
 import pytest
 import torch
 
-from conftest import StandInTask, build_model, make_sample
+from conftest import StandInTask, alive, build_model, make_sample
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.parallel.device_plan import MODES, DevicePlanError
 from fairseq_hybrid.parallel.worker import WorkerError
 
 PROCESSES = {"hybrid_workers": "processes"}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (ended, not yet reaped) has ended too
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def stage_pids(model):
@@ -110,28 +98,6 @@ def test_processes_draw_the_threads_dropout_masks(mode, dictionaries):
         torch.testing.assert_close(processes[2][name], threads[2][name], rtol=1e-5, atol=1e-7, msg=name)
     torch.testing.assert_close(processes_next[0], threads_next[0], rtol=1e-6, atol=0)
     assert not torch.equal(processes_next[0], processes[0])
-
-
-@pytest.mark.parametrize("mode,micro_batches", [("hybrid", 1), ("data", 1), ("model", 2)])
-def test_processes_with_single_device_masks_equal_one_device(mode, micro_batches, dictionaries):
-    """The trainer draws the single-device masks from its own generator and
-    sends them with the batch."""
-    src_dict, tgt_dict = dictionaries
-    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, report_accuracy=True)
-    single, group, sample = single_and_group(
-        dictionaries, {"hybrid_devices": "cpu,cpu,cpu", "hybrid_mode": mode, "hybrid_chunk_length": 3,
-                       "hybrid_dropout_masks": "single-device", "hybrid_micro_batches": micro_batches, **PROCESSES},
-        dropout=0.3, encoder_bidirectional_layers=2)
-    single.train()
-    group.train()
-    torch.manual_seed(9)
-    loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion, sample)
-    torch.manual_seed(9)
-    loss, logging, grads = loss_and_grads(group, criterion, sample)
-    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
-    assert logging["n_correct"] == logging_ref["n_correct"]
-    for name in grads_ref:
-        torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_two_backward_passes_before_the_optimizer_add_up(dictionaries):
@@ -255,7 +221,7 @@ TRAINER = textwrap.dedent("""
     import os, sys, time, signal
     sys.path.insert(0, {tests!r})
     import torch
-    from conftest import StandInTask, build_model, make_sample
+    from conftest import StandInTask, alive, build_model, make_sample
     from fairseq_hybrid.harness.stand_ins import make_dictionary
     from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
     src, tgt = make_dictionary(), make_dictionary(37)
