@@ -27,6 +27,7 @@ from .parallel.device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, bui
                                    chunk_length_option, micro_batches_option, plan_table)
 from .parallel.replicas import ModelReplicas
 from .parallel.stage_processes import StageProcesses
+from .parallel.thread_state import step_scope
 from .parallel.step_cells import build_step, run_step
 from .parallel.worker import DEFAULT_TIMEOUT
 from .planning import ChunkLengthChooser, CostModel, auto_placement
@@ -223,6 +224,10 @@ class HybridGroup:
     def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss) -> Tuple[Tensor, ...]:
         """The summed shard losses of one batch, its cells run on the
         group's workers; their backward runs the reverse wavefront."""
+        with step_scope():
+            return self._loss_sums(net_input, target, shard_loss)
+
+    def _loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss) -> Tuple[Tensor, ...]:
         masks = self.dropout_masks == "single-device"
         chunk_length, micro_batches = self.chunk_length, self.micro_batches
         if self.chunk_chooser is not None:

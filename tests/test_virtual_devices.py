@@ -70,6 +70,50 @@ def test_virtual_group_equals_one_device(count, mode, dictionaries):
     assert harness.streams.races == [] and harness.streams.ops > 0
 
 
+def test_a_wait_for_the_gpu_outside_the_cells_is_recorded(dictionaries, monkeypatch):
+    """A step's waits for a device are recorded wherever the step's thread
+    is, not only in its cells: an ``.item()`` put by hand at the step's
+    start (HybridGroup.loss_sums) is, with the line that called it, and
+    nothing is recorded outside a step."""
+    from fairseq_hybrid.hybrid_group import HybridGroup
+
+    real = HybridGroup._loss_sums
+
+    def with_an_item(self, net_input, target, shard_loss):
+        net_input["src_lengths"].max().item()  # the host waits for the device
+        return real(self, net_input, target, shard_loss)
+
+    monkeypatch.setattr(HybridGroup, "_loss_sums", with_an_item)
+    with virtual_devices() as harness:
+        check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True)
+        torch.ones(3).to("cpu:0").sum().item()  # outside a step: not the step's
+    added = [sync for sync in harness.step_syncs if "with_an_item" in sync.caller]
+    assert [(sync.op, sync.device) for sync in added] == [("_local_scalar_dense", 0)]
+    assert added[0].cell == "outside the cells (MainThread)" and harness.syncs == []
+
+
+# Every wait for a device a hybrid step makes outside its cells today (virtual devices, the batch on the first
+# device as fairseq puts it): what "Fewer, leaner calls and a step that never waits" removes, one by one.
+KNOWN_STEP_WAITS = {
+    ("_local_scalar_dense", "convert_padding_direction"),  # fairseq's pad_mask.any() on the encoder's tokens
+    ("host-to-device copy", "convert_padding_direction"),  # its type_as of host positions
+    ("device-to-host copy", "__init__"),  # _Batch: src_lengths.cpu() for the host's packed layouts
+    ("host-to-device copy", "__init__"),  # _Batch: the length order sent back to the device
+    ("host-to-device copy", "to_devices"),  # host-made layouts and orders, from pageable memory
+    ("nonzero", "kept_targets"),  # the target positions that count, once per shard and chunk
+    ("device-to-host copy", "micro_batch_rows"),  # micro-batches: the rows' token counts
+}
+
+
+@pytest.mark.parametrize("group_options", [{}, {"hybrid_micro_batches": 2}])
+def test_the_waits_outside_the_cells_are_the_known_ones(group_options, dictionaries):
+    with virtual_devices() as harness:
+        check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True, group_options=group_options)
+    found = {(sync.op, sync.caller.rsplit("(", 1)[-1].rstrip(")")) for sync in harness.step_syncs}
+    assert found <= KNOWN_STEP_WAITS, found - KNOWN_STEP_WAITS
+    assert ("nonzero", "kept_targets") in found and harness.syncs == []
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("devices", [["cpu:0", "cpu:0"], ["cpu:0", "cpu:1", "cpu:0", "cpu:1"]])
 def test_virtual_workers_sharing_a_device(devices, mode, dictionaries):

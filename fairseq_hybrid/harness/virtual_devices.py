@@ -83,8 +83,9 @@ COPIES = {"copy_", "_copy_from", "_copy_from_and_resize"}
 
 
 class Sync(NamedTuple):
-    """An op that made the host wait for a device inside a cell, and the
-    innermost line outside torch that called it."""
+    """An op that made the host wait for a device inside a group's step
+    (in a cell, or outside its cells), and the innermost line outside torch
+    that called it."""
 
     op: str
     cell: str
@@ -94,7 +95,7 @@ class Sync(NamedTuple):
 
 def _caller() -> str:
     for frame in reversed(traceback.extract_stack()[:-3]):
-        if f"{os.sep}torch{os.sep}" not in frame.filename and not frame.filename.endswith("virtual_devices.py"):
+        if f"{os.sep}torch{os.sep}" not in frame.filename and frame.filename != __file__:
             return f"{frame.filename}:{frame.lineno} ({frame.name})"
     return ""
 
@@ -108,7 +109,8 @@ class VirtualDevices:
         self._tags: Dict[StorageWeakRef, Optional[int]] = {}
         self._sizes: Dict[StorageWeakRef, int] = {}
         self._lock = threading.RLock()  # a storage's finalizer may run on any thread, inside any call
-        self.syncs: List[Sync] = []
+        self.syncs: List[Sync] = []  # inside cells
+        self.step_syncs: List[Sync] = []  # in a group's step outside its cells (staging, hand-offs, reduce)
         self.memory = DeviceMemory()
         self.streams: Optional[StreamChecker] = StreamChecker() if streams else None
 
@@ -161,10 +163,18 @@ class VirtualDevices:
                 self.streams.freed(key)
 
     def record_sync(self, op: str, device: Optional[int]) -> None:
+        """An op that makes the host wait for ``device``, where a step must
+        not: inside a cell (``syncs``), or anywhere else in a group's step
+        on the caller's thread (``step_syncs``: its staging, the backward
+        pass's hand-off, the replicas' reduce; ``thread_state.in_step``)."""
         worker = current_worker()
         if worker is not None and worker.cell is not None:
             with self._lock:
                 self.syncs.append(Sync(op, worker.cell, device, _caller()))
+        elif thread_state.in_step():
+            with self._lock:
+                self.step_syncs.append(Sync(op, f"outside the cells ({threading.current_thread().name})", device,
+                                            _caller()))
 
     # -- entering ------------------------------------------------------------
 

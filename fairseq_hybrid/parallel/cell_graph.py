@@ -352,7 +352,7 @@ class _Boundary(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        with thread_state.extras_entered(ctx.state):
+        with thread_state.extras_entered(ctx.state), thread_state.step_scope():
             ctx.graph.backward(ctx.refs, grads)
         return None, None, None
 

@@ -15,6 +15,7 @@ clocks back through :meth:`ThreadState.joined`).
 
 from __future__ import annotations
 
+import threading
 from contextlib import ExitStack, contextmanager
 from typing import Callable, ContextManager, Iterator, List, NamedTuple, Optional, Tuple
 
@@ -89,3 +90,24 @@ def capture() -> ThreadState:
     )
     extras = tuple(enter for enter in (hook() for hook in _hooks) if enter is not None)
     return ThreadState(torch.is_grad_enabled(), autocast, extras)
+
+
+_step = threading.local()
+
+
+def in_step() -> bool:
+    """Whether the calling thread is inside a group's step (its staging,
+    its cells' forward on the caller's side, the backward pass's hand-off
+    and the replicas' reduce): where the host must never wait for a GPU,
+    which the virtual-device harness checks."""
+    return getattr(_step, "depth", 0) > 0
+
+
+@contextmanager
+def step_scope() -> Iterator[None]:
+    """Mark the calling thread as inside a group's step."""
+    _step.depth = getattr(_step, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _step.depth -= 1
