@@ -27,8 +27,8 @@ from .parallel.device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, bui
                                    chunk_length_option, micro_batches_option, plan_table)
 from .parallel.replicas import ModelReplicas
 from .parallel.stage_processes import StageProcesses
-from .parallel.thread_state import step_scope
 from .parallel.step_cells import build_step, run_step
+from .parallel.thread_state import step_scope
 from .parallel.worker import DEFAULT_TIMEOUT
 from .planning import ChunkLengthChooser, CostModel, auto_placement
 
