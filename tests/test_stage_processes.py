@@ -219,6 +219,9 @@ def test_a_stage_that_dies_or_fails_ends_the_step_naming_device_and_cell(how, me
 
 TRAINER = textwrap.dedent("""
     import os, sys, time, signal
+    # Ctrl-C as a terminal gives it: a shell that ran this suite in the background leaves SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt of its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     import torch
     from conftest import StandInTask, alive, build_model, make_sample
