@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,20 +27,11 @@ import time
 from dataclasses import dataclass
 from typing import List
 
+from fairseq_hybrid.harness.measuring import cpu_name
+
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SCRIPT = os.path.join(REPO, "recipes", "tatoeba_ja_en", "translate.sh")
 BIN = os.path.dirname(sys.executable)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def shown(path: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from typing import Dict, List
 
 import torch
 
-from fairseq_hybrid.harness.measuring import NO_DATA, batches, build, preset_args, write_report
+from fairseq_hybrid.harness.measuring import NO_DATA, batches, build, cpu_name, preset_args, write_report
 from fairseq_hybrid.planning.training_steps import backward_step
 
 KINDS = ("threads", "processes")
@@ -179,11 +178,7 @@ def main(argv=None) -> int:
             print(f"round {round_index + 1}: {kind} {statistics.median(runs[kind][-1]['step_ms']):.0f} ms a step",
                   flush=True)
     systems["processes"][0].hybrid_group.stages.close()
-    machine = f"{platform.processor() or platform.machine()}, {multiprocessing.cpu_count()} cores"
-    try:
-        machine = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    machine = f"{cpu_name()}, {multiprocessing.cpu_count()} cores"
     report = {"machine": machine, "devices": args.devices, "model": "hybrid_lstm_base", "max_tokens": args.max_tokens,
               "batches": args.batches, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
               "kinds": {kind: summary(runs[kind]) for kind in KINDS}, "transport": transport_cost(), "runs": runs}

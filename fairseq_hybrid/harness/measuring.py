@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -201,6 +202,19 @@ def suite_systems(k: int) -> List[System]:
 
 
 # -- reports -------------------------------------------------------------------------
+
+
+def cpu_name() -> str:
+    """This machine's CPU as ``lscpu`` names it (the model name in
+    /proc/cpuinfo), for the reports that time it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def write_report(report: Dict, json_path: Optional[str], markdown: Optional[str] = None) -> None:

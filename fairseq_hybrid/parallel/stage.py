@@ -33,6 +33,7 @@ from .cell_graph import CellGraph, Ref
 from .replicas import ModelReplicas
 from .p2p import PeerLost
 from .step_cells import build_step
+from .thread_state import ThreadState
 from .transfer import arrive
 
 PR_SET_PDEATHSIG = 1
@@ -191,7 +192,7 @@ class Stage:
         by cell, each output as ``(value on the host, needs a gradient)``."""
         self.graph = self.built = None  # a forward without a backward before (validation) is dropped
         self.model.train(step["training"])
-        with _entered(step["grad_enabled"], step["autocast"]):
+        with ThreadState(step["grad_enabled"], tuple(step["autocast"]), ()).entered():  # the trainer's
             built = build_step(self.model, self.plan, step["net_input"], step["target"], step["shard_loss"],
                                step["chunk_length"], step["micro_batches"], self.replicas, masks=step["masks"])
             for use in built.replica_uses:
@@ -271,23 +272,6 @@ def _synchronize(device: torch.device) -> None:
     """The trainer reads what this stage made only after its GPU made it."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
-
-
-class _entered:
-    """Grad mode and autocast as the trainer's thread had them."""
-
-    def __init__(self, grad_enabled: bool, autocast):
-        from .thread_state import ThreadState
-
-        self.state = ThreadState(grad_enabled, tuple(autocast), ())
-        self.context = None
-
-    def __enter__(self):
-        self.context = self.state.entered()
-        return self.context.__enter__()
-
-    def __exit__(self, *exc):
-        return self.context.__exit__(*exc)
 
 
 def _watch_parent(parent: int) -> None:
