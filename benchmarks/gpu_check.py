@@ -41,7 +41,11 @@ the end one JSON file and one Markdown table (``--out``, default
   streams     PyTorch's CUDA Sanitizer on the caller and on every worker
               thread, sharing one record (fairseq_hybrid.harness.cuda_sanitizer_workers),
               over one exactness step per mode on groups of 2 and 4, the
-              batch on the first device: the stream races it reports
+              batch on the first device: the stream races it reports; and
+              one group step, forward and backward, under
+              torch.cuda.set_sync_debug_mode("error"), the batch handed over
+              as fairseq's trainer hands it: any op that makes the host wait
+              fails it
 
   python benchmarks/gpu_check.py                       # everything, in at most 8 minutes (BUDGET, LIMITS)
   python benchmarks/gpu_check.py --phases workers --steps 3
@@ -276,7 +280,7 @@ def throughput(arch, devices, mode, device, steps, batch, length, vocab, options
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
     from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-    from fairseq_hybrid.harness.measuring import on_device, train_steps
+    from fairseq_hybrid.harness.measuring import train_steps
     from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
 
     src_dict, tgt_dict = make_dictionary(vocab), make_dictionary(vocab)
@@ -289,8 +293,7 @@ def throughput(arch, devices, mode, device, steps, batch, length, vocab, options
     criterion = (HybridCrossEntropyCriterion(task, False, 0.1) if arch.startswith("hybrid")
                  else LabelSmoothedCrossEntropyCriterion(task, False, 0.1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    sample = make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch)
-    sample = on_device(sample, device)
+    sample = make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch)  # train_steps moves it
     train_steps(model, criterion, optimizer, [sample], device)  # warm-up
     tokens, seconds = train_steps(model, criterion, optimizer, [sample] * steps, device)
     return tokens / seconds
@@ -305,7 +308,7 @@ def group_step(arch, devices, workers, device, steps, batch, length, vocab):
     from fairseq.logging import metrics
 
     from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-    from fairseq_hybrid.harness.measuring import on_device, train_steps
+    from fairseq_hybrid.harness.measuring import train_steps
     from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
     from fairseq_hybrid.parallel.step_cells import build_step
 
@@ -314,7 +317,8 @@ def group_step(arch, devices, workers, device, steps, batch, length, vocab):
     model = build_model(arch, src_dict, tgt_dict, hybrid_devices=",".join(devices), hybrid_workers=workers)
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    sample = on_device(make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch), device)
+    # on the host: train_steps hands it over as fairseq's trainer does
+    sample = make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch)
     group = model.hybrid_group
     try:
         train_steps(model, criterion, optimizer, [sample], device)  # warm-up (and the stages' start)
@@ -476,8 +480,46 @@ def phase_streams(args, result):
                 entry["races"] = sanitizer.errors[before:][:5]
                 runs.append(entry)
                 print(entry, flush=True)
-    result.update(ok=all(run["ok"] and not run["races"] for run in runs), runs=runs,
-                  races=len(sanitizer.errors))
+    waits = [step_without_waits(devices_for("cuda", count, int(k))) for k in args.groups.split(",")]
+    for entry in waits:
+        print(entry, flush=True)
+    result.update(ok=all(run["ok"] and not run["races"] for run in runs) and all(run["ok"] for run in waits),
+                  runs=runs, races=len(sanitizer.errors), no_waits=waits)
+
+
+def step_without_waits(devices):
+    """One group step of ``devices`` (after one warm-up step) under
+    ``torch.cuda.set_sync_debug_mode("error")``, which raises on any op that
+    makes the host wait for a GPU (it is process-wide: the workers' cells
+    are held to it too), the batch kept on the host as fairseq's trainer
+    keeps it (fairseq_hybrid.fairseq_patches.batch_on_host)."""
+    import torch
+
+    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    from fairseq_hybrid.harness.measuring import on_device
+    from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
+    from fairseq_hybrid.parallel.host_batch import keep_on_host
+
+    src_dict, tgt_dict = make_dictionary(), make_dictionary(37)
+    model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, hybrid_devices=",".join(devices),
+                        hybrid_chunk_length=3)
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    entry = {"devices": ",".join(devices), "mode": "hybrid"}
+    for checked in (False, True):
+        sample = keep_on_host(make_sample(src_dict, tgt_dict, [7, 5, 3, 6], [4, 6, 2, 5]),
+                              [torch.device(d) for d in devices], lambda host: on_device(host, devices[0]))
+        torch.cuda.set_sync_debug_mode("error" if checked else 0)
+        try:
+            loss, _, _ = criterion(model, sample)
+            loss.backward()
+        except Exception as error:  # the op that waited, raised in a cell or on this thread
+            entry.update(ok=False, error=f"{type(error).__name__}: {str(error)[-1500:]}")
+            return entry
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        model.zero_grad()
+    entry["ok"] = True
+    return entry
 
 
 def phase_hang(args, result):
@@ -550,8 +592,11 @@ def markdown(report):
                     f"{sweep['devices']} by chunk length: " +
                     ", ".join(f"{k} {v['vs_one_device']:.2f}x" for k, v in sweep["rows"].items()))
         elif name == "streams":
+            waited = [run["devices"] for run in result.get("no_waits", []) if not run["ok"]]
             what = result.get("skipped") or (f"{result.get('races', '?')} race(s) reported over "
-                                             f"{len(result.get('runs', []))} runs")
+                                             f"{len(result.get('runs', []))} runs; a step that waited for a GPU: "
+                                             f"{', '.join(waited) or 'none'} of "
+                                             f"{len(result.get('no_waits', []))} under sync debug mode")
         lines.append(f"| {name} | {'yes' if result.get('ok') else 'NO'} | {result.get('seconds')} | {what} |")
     workers = report["phases"].get("workers", {})
     if workers.get("rows"):

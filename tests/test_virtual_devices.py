@@ -9,6 +9,7 @@ import torch
 
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+from fairseq_hybrid.parallel import host_batch, thread_state
 from fairseq_hybrid.parallel.device_plan import MODES
 from fairseq_hybrid.harness.virtual_devices import virtual_devices
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads
@@ -92,26 +93,52 @@ def test_a_wait_for_the_gpu_outside_the_cells_is_recorded(dictionaries, monkeypa
     assert added[0].cell == "outside the cells (MainThread)" and harness.syncs == []
 
 
-# Every wait for a device a hybrid step makes outside its cells today (virtual devices, the batch on the first
-# device as fairseq puts it): what "Fewer, leaner calls and a step that never waits" removes, one by one.
-KNOWN_STEP_WAITS = {
-    ("_local_scalar_dense", "convert_padding_direction"),  # fairseq's pad_mask.any() on the encoder's tokens
-    ("host-to-device copy", "convert_padding_direction"),  # its type_as of host positions
-    ("device-to-host copy", "__init__"),  # _Batch: src_lengths.cpu() for the host's packed layouts
-    ("host-to-device copy", "__init__"),  # _Batch: the length order sent back to the device
-    ("host-to-device copy", "to_devices"),  # host-made layouts and orders, from pageable memory
-    ("nonzero", "kept_targets"),  # the target positions that count, once per shard and chunk
-    ("device-to-host copy", "micro_batch_rows"),  # micro-batches: the rows' token counts
-}
-
-
-@pytest.mark.parametrize("group_options", [{}, {"hybrid_micro_batches": 2}])
-def test_the_waits_outside_the_cells_are_the_known_ones(group_options, dictionaries):
+@pytest.mark.parametrize("mode, options", [
+    ("hybrid", {}),
+    ("hybrid", {"group_options": {"hybrid_micro_batches": 2}}),
+    ("model", {"encoder_bidirectional_layers": 2, "hybrid_chunk_length": 2}),
+    ("hybrid", {"group_options": {"hybrid_dropout_masks": "single-device"}}),
+])
+def test_a_step_never_waits_for_a_device(mode, options, dictionaries):
+    """From the group's entry to its loss sums and through the backward
+    pass, staging included: no op makes the host wait for a device, with
+    the batch handed over as fairseq's trainer hands it (moved to the
+    first device from pinned memory, the host's kept)."""
     with virtual_devices() as harness:
-        check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True, group_options=group_options)
-    found = {(sync.op, sync.caller.rsplit("(", 1)[-1].rstrip(")")) for sync in harness.step_syncs}
-    assert found <= KNOWN_STEP_WAITS, found - KNOWN_STEP_WAITS
-    assert ("nonzero", "kept_targets") in found and harness.syncs == []
+        check_equal(virtual(3), mode, dictionaries, batch_on_first_device=True, **options)
+    assert harness.step_syncs == [] and harness.syncs == []
+
+
+def test_a_batch_only_on_a_device_is_read_back_once_and_caught(dictionaries):
+    """Without the host's batch (a caller other than fairseq's trainer hands
+    the group a batch on a device), staging reads it back: waits, recorded."""
+    with virtual_devices() as harness:
+        check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True)
+        assert harness.step_syncs == []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(host_batch, "_host", type(host_batch._host)())
+            patch.setattr(host_batch, "remember", lambda *args: None)  # nothing kept
+            check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True)
+    waits = {(sync.op, sync.caller.rsplit("(", 1)[-1].rstrip(")")) for sync in harness.step_syncs}
+    assert waits == {("device-to-host copy", "host_of")}
+    assert len(harness.step_syncs) == 4  # src_tokens, src_lengths, prev_output_tokens, target: once each
+
+
+def test_only_a_non_blocking_copy_from_pinned_memory_is_queued():
+    """As CUDA's ``copy_`` (``cuda/Copy.cu``): from pinned memory with
+    ``non_blocking`` the copy is queued; from pageable memory, without
+    ``non_blocking`` or back to the host, the host waits."""
+    with virtual_devices() as harness, thread_state.step_scope():
+        pageable = torch.arange(6)
+        pinned = pageable.pin_memory()
+        assert pinned.is_pinned() and not pageable.is_pinned() and torch.equal(pinned, pageable)
+        pinned.to("cpu:1", non_blocking=True)
+        assert harness.step_syncs == []
+        pageable.to("cpu:1", non_blocking=True)
+        pinned.to("cpu:1")
+        pinned.to("cpu:1", non_blocking=True).cpu()
+    assert [(sync.op, sync.device) for sync in harness.step_syncs] == [
+        ("host-to-device copy", 1), ("host-to-device copy", 1), ("device-to-host copy", 1)]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -17,7 +17,9 @@ named, one idea each:
 * ``Trainer.save_checkpoint`` / ``load_checkpoint``: ``--patience``'s count
   kept in checkpoints (:mod:`.patience_state`);
 * ``Trainer.__init__``: options a group cannot serve refused before
-  training (:mod:`.trainer_checks`).
+  training (:mod:`.trainer_checks`);
+* ``Trainer._prepare_sample``: a group's batch kept, pinned, on the host
+  beside fairseq's copy on ``cuda:0`` (:mod:`.batch_on_host`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import functools
 import torch
 
 from . import atomic_checkpoint_copy, checkpoint_portability, checkpoint_safety, multi_device_optim, patience_state
-from . import trainer_checks
+from . import batch_on_host, trainer_checks
 
 _installed = False
 
@@ -57,4 +59,5 @@ def install() -> None:
     Trainer.save_checkpoint = patience_state.saving_patience(Trainer.save_checkpoint)
     Trainer.load_checkpoint = patience_state.loading_patience(Trainer.load_checkpoint)
     Trainer.__init__ = trainer_checks.checking_init(Trainer.__init__)
+    Trainer._prepare_sample = batch_on_host.keeping_host_batch(Trainer._prepare_sample)
     _installed = True

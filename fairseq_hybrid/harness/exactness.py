@@ -8,6 +8,7 @@ import contextlib
 import torch
 
 from ..criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+from ..parallel.host_batch import keep_on_host
 from .measuring import loss_and_grads, on_device
 from .stand_ins import StandInTask, build_model, make_sample
 
@@ -61,7 +62,9 @@ def check_equal(devices, mode, dictionaries, group_options=None, batch_on_first_
             single.to(devices[0])
         loss_ref, logging_ref, grads_ref = loss_and_grads(single, criterion,
                                                           on_device(sample, devices[0]) if on_gpu else sample)
-        loss, logging, grads = loss_and_grads(group, criterion, on_device(sample, devices[0]) if batch_on_first_device
+        # as fairseq's trainer hands a group its batch: pinned, moved to the first device, the host's kept
+        loss, logging, grads = loss_and_grads(group, criterion, keep_on_host(
+            sample, [torch.device(d) for d in devices], lambda s: on_device(s, devices[0])) if batch_on_first_device
                                               else sample)
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
     assert logging.keys() == logging_ref.keys()

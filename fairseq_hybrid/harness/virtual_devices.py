@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from . import virtual_streams
-from ..parallel import thread_state
+from ..parallel import host_batch, thread_state
 from ..parallel.worker import current_worker
 from .virtual_memory import DeviceMemory
 from .virtual_streams import StreamChecker, reads_and_writes
@@ -109,6 +109,7 @@ class VirtualDevices:
         self._tags: Dict[StorageWeakRef, Optional[int]] = {}
         self._sizes: Dict[StorageWeakRef, int] = {}
         self._lock = threading.RLock()  # a storage's finalizer may run on any thread, inside any call
+        self._pinned: Dict[StorageWeakRef, None] = {}  # host storages "pinned" (Tensor.pin_memory)
         self.syncs: List[Sync] = []  # inside cells
         self.step_syncs: List[Sync] = []  # in a group's step outside its cells (staging, hand-offs, reduce)
         self.memory = DeviceMemory()
@@ -161,6 +162,21 @@ class VirtualDevices:
             self.memory.freed(device, self._sizes.pop(key))
             if self.streams is not None:
                 self.streams.freed(key)
+
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor.pin_memory()``: a host copy that counts as page-locked
+        (a copy from it with ``non_blocking`` is queued, not waited for)."""
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        storage = out.untyped_storage()
+        key = StorageWeakRef(storage)
+        with self._lock:
+            self._pinned[key] = None
+        weakref.finalize(storage, self._pinned.pop, key, None).atexit = False
+        return out
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return (self.device_of(tensor) is HOST and tensor.layout == torch.strided
+                and StorageWeakRef(tensor.untyped_storage()) in self._pinned)
 
     def record_sync(self, op: str, device: Optional[int]) -> None:
         """An op that makes the host wait for ``device``, where a step must
@@ -330,6 +346,10 @@ class _DeviceFunctions(TorchFunctionMode):
             return func(*args, **kwargs) if device is HOST else torch.device("cpu", device)
         if func is torch.Tensor.cpu:
             return self._move(args[0], HOST, None)
+        if func is torch.Tensor.pin_memory:  # CUDA's page-locked host memory, which a CPU build lacks
+            return self.harness.pin(args[0])
+        if func is torch.Tensor.is_pinned:
+            return self.harness.is_pinned(args[0])
         if func is torch.Tensor.type_as and isinstance(args[1], torch.Tensor):
             # CUDA: ``type_as`` takes the other tensor's device too (a tensor type names one)
             other = self.harness.device_of(args[1])
@@ -341,17 +361,23 @@ class _DeviceFunctions(TorchFunctionMode):
                 other = args[1]
                 device, dtype = torch.device("cpu", self.harness.device_of(other)) if self.harness.device_of(
                     other) is not HOST else torch.device("cpu"), other.dtype
+                non_blocking = bool(kwargs.get("non_blocking", len(args) > 2 and args[2]))
             else:
-                device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+                device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
             if device is not None and device.type == "cpu":
-                return self._move(tensor, _virtual_index(device), dtype, copy=bool(kwargs.get("copy", False)))
+                return self._move(tensor, _virtual_index(device), dtype, copy=bool(kwargs.get("copy", False)),
+                                  non_blocking=bool(non_blocking))
         return func(*args, **kwargs)
 
-    def _move(self, tensor: torch.Tensor, destination: Optional[int], dtype, copy: bool = False) -> torch.Tensor:
+    def _move(self, tensor: torch.Tensor, destination: Optional[int], dtype, copy: bool = False,
+              non_blocking: bool = False) -> torch.Tensor:
         source = self.harness.device_of(tensor)
         if source == destination and not copy:
             return tensor if dtype in (None, tensor.dtype) else tensor.to(dtype=dtype)
-        if (source is HOST) != (destination is HOST) and tensor.dim() > 0:
+        # CUDA queues a host-to-device copy only from pinned memory with non_blocking (cuda/Copy.cu);
+        # from pageable memory, or the other way, the host waits
+        queued = source is HOST and non_blocking and self.harness.is_pinned(tensor)
+        if (source is HOST) != (destination is HOST) and tensor.dim() > 0 and not queued:
             self.harness.record_sync("host-to-device copy" if source is HOST else "device-to-host copy",
                                      destination if source is HOST else source)
         return _Move.apply(tensor, self.harness, source, destination, dtype)
@@ -489,6 +515,8 @@ def _put_batches_on(device: torch.device) -> None:
 
     def prepare_on_device(self, sample, is_dummy=False):
         sample, dummy = prepare(self, sample, is_dummy)
-        return utils.apply_to_sample(lambda tensor: tensor.to(device), sample), dummy
+        moved = utils.apply_to_sample(lambda tensor: tensor.to(device, non_blocking=True), sample)
+        host_batch.remember(sample, moved)  # as fairseq's move from the pinned batch (fairseq_patches)
+        return moved, dummy
 
     Trainer._prepare_sample = prepare_on_device

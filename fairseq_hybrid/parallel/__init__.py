@@ -11,6 +11,7 @@ from .cell_graph import Cell, CellTime, DeviceUsage, Work, record_cell_times
 from .device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options, chunk_length_option,
                           default_placement, micro_batches_option, parse_devices, parse_placement,
                           placement_text, plan_table)
+from .host_batch import host_of, keep_on_host, on_host
 from .replicas import ModelReplicas
 from .step_cells import build_data_parallel_step, build_hybrid_step, run_step, time_chunks
 from .wavefront import CellSpec, clocks
@@ -19,6 +20,7 @@ from .worker import DEFAULT_TIMEOUT
 __all__ = [
     "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DeviceUsage", "DevicePlan", "DevicePlanError",
     "MODES", "ModelReplicas", "Work", "build_data_parallel_step", "build_hybrid_step", "build_plan",
-    "check_options", "chunk_length_option", "clocks", "default_placement", "micro_batches_option", "parse_devices", "parse_placement", "placement_text",
-    "plan_table", "record_cell_times", "run_step", "time_chunks",
+    "check_options", "chunk_length_option", "clocks", "default_placement", "host_of", "keep_on_host",
+    "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text", "plan_table",
+    "record_cell_times", "run_step", "time_chunks",
 ]

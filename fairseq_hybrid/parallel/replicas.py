@@ -70,6 +70,10 @@ class Replicas:
         ``step`` on the calling thread's prefetch stream of ``device``;
         the worker's first :meth:`on` of the step waits for them."""
         stream = prefetch_stream(device)
+        # after what the caller queued on the device (the optimizer's update of a master there, which a
+        # first copy reads on this stream); a host that waited for the device used to hide the order
+        if stream is not None:
+            stream.wait_stream(streams.default_stream(device))
         with streams.use_stream(stream):
             self._refresh(worker, device, step)
             self.ready[worker] = streams.record_event(device)

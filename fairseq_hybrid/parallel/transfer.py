@@ -100,7 +100,9 @@ def arrive(value: Tensor, device: torch.device, event=None) -> Tensor:
     if not (streams.has_streams(device) and streams.has_streams(value.device)):
         if event is not None:
             event.synchronize()  # a GPU tensor read on the host
-        return value.to(device)
+        # from pinned host memory: queued on the destination's current stream (the caching host
+        # allocator keeps the memory until the copy is done), else done, and waited for, here
+        return value.to(device, non_blocking=value.is_pinned())
     source = value.device
     stream = _copy_stream(source)
     if event is not None:

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..parallel import AUTO, DevicePlan, time_chunks
+from ..parallel import AUTO, DevicePlan, host_of, on_host, time_chunks
 from .schedule_simulator import CostModel, step_time
 
 logger = logging.getLogger(__name__)
@@ -146,8 +146,8 @@ class ChunkLengthChooser:
         costs the most to simulate (its cells grow with it): where
         micro-batches do not pay (CPU devices), a new shape then costs
         about half the simulation."""
-        host_input = {key: value.cpu() for key, value in net_input.items() if torch.is_tensor(value)}
-        host_target = target.cpu()
+        host_input = {key: value for key, value in on_host(net_input).items() if torch.is_tensor(value)}
+        host_target = host_of(target)
         host_plan = replace(self.plan, devices=[torch.device("cpu")] * self.plan.size)
         times: Dict[Tuple[int, int], float] = {}
         lengths = self.lengths(net_input)

@@ -11,6 +11,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from fairseq import utils
 
+from ..parallel import keep_on_host
+
 __all__ = ["command_batches", "rows_of", "share_of", "on_device", "backward_step", "synchronize", "train_steps",
            "LossOf", "spawned"]
 
@@ -86,7 +88,10 @@ def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "c
     start = time.perf_counter()
     for sample in samples:
         if torch.device(device).type == "cuda":
-            sample = on_device(sample, device)
+            group = getattr(model, "hybrid_group", None)
+            # a group's batch as fairseq's trainer hands it over (fairseq_patches/batch_on_host.py)
+            sample = (on_device(sample, device) if group is None else
+                      keep_on_host(sample, group.plan.devices, lambda host: on_device(host, device)))
         backward_step(model, criterion, sample)
         optimizer.step()
         tokens += sample["ntokens"]
