@@ -301,3 +301,31 @@ def test_virtual_micro_batches(devices, dictionaries):
                     group_options={"hybrid_micro_batches": 3})
     assert harness.syncs == [], harness.syncs
     assert harness.streams.races == [] and harness.streams.ops > 0
+
+
+def test_fairseqs_trainer_keeps_a_groups_batch_pinned_on_the_host(dictionaries):
+    """``Trainer._prepare_sample`` as patched: for a model with a group the
+    batch is pinned before fairseq moves it, and the group finds the host
+    tensor of each moved one; a model without a group is left alone."""
+    from types import SimpleNamespace
+
+    from fairseq_hybrid.fairseq_patches.batch_on_host import keeping_host_batch
+
+    def to_first_device(trainer, sample, is_dummy=False):  # fairseq's move to cuda:0
+        return {"net_input": {key: value.to("cpu:0", non_blocking=True)
+                              for key, value in sample["net_input"].items()},
+                "target": sample["target"].to("cpu:0", non_blocking=True), "ntokens": sample["ntokens"]}, False
+
+    prepare = keeping_host_batch(to_first_device)
+    sample = make_sample(*dictionaries, [5, 3, 4], [4, 2, 3])
+    with virtual_devices() as harness, thread_state.step_scope():
+        group = build_model(hybrid_devices="cpu:0,cpu:1")
+        moved, dummy = prepare(SimpleNamespace(_model=group), sample)
+        hosts = {key: host_batch.host_of(value) for key, value in moved["net_input"].items()}
+        assert all(host.is_pinned() for host in hosts.values()) and moved["target"].device == torch.device("cpu:0")
+        alone, _ = prepare(SimpleNamespace(_model=build_model()), sample)
+        assert not alone["net_input"]["src_tokens"].is_pinned()
+    assert harness.step_syncs == [] and not dummy
+    for key, host in hosts.items():
+        assert host.device == torch.device("cpu")
+        assert torch.equal(host, sample["net_input"][key]) and host is not sample["net_input"][key]
