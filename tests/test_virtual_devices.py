@@ -318,12 +318,13 @@ def test_fairseqs_trainer_keeps_a_groups_batch_pinned_on_the_host(dictionaries):
 
     prepare = keeping_host_batch(to_first_device)
     sample = make_sample(*dictionaries, [5, 3, 4], [4, 2, 3])
-    with virtual_devices() as harness, thread_state.step_scope():
-        group = build_model(hybrid_devices="cpu:0,cpu:1")
-        moved, dummy = prepare(SimpleNamespace(_model=group), sample)
+    with virtual_devices() as harness:
+        group, alone = build_model(hybrid_devices="cpu:0,cpu:1"), build_model()
+        with thread_state.step_scope():
+            moved, dummy = prepare(SimpleNamespace(_model=group), sample)
         hosts = {key: host_batch.host_of(value) for key, value in moved["net_input"].items()}
         assert all(host.is_pinned() for host in hosts.values()) and moved["target"].device == torch.device("cpu:0")
-        alone, _ = prepare(SimpleNamespace(_model=build_model()), sample)
+        alone, _ = prepare(SimpleNamespace(_model=alone), sample)
         assert not alone["net_input"]["src_tokens"].is_pinned()
     assert harness.step_syncs == [] and not dummy
     for key, host in hosts.items():
