@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .parallel.cell_graph import DeviceUsage
 from .parallel.device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options,
-                                   chunk_length_option, micro_batches_option, plan_table)
+                                   chunk_length_option, micro_batches_option, plan_table, softmax_chunks_option)
 from .parallel.replicas import ModelReplicas
 from .parallel.stage_processes import StageProcesses
 from .parallel.step_cells import build_step, run_step
@@ -100,6 +100,16 @@ class HybridGroupConfig(FairseqDataclass):
             "chunk length where that is auto too"
         },
     )
+    hybrid_softmax_chunks: str = field(
+        default="1",
+        metadata={
+            "help": "time chunks of the decoder's output one attention-softmax cell takes (hybrid and model "
+            "mode): 1, a cell per chunk, which starts as soon as the top decoder layer has made it; N, N chunks "
+            "a cell; 0, all of them, one cell per shard and micro-batch (fewer cells, less host time, less "
+            "overlap with the decoder); auto: for each batch shape, the one (1, 2, 4 or 0) whose simulated step "
+            "is shortest; the loss and gradients are the same whatever it is"
+        },
+    )
     hybrid_dropout_masks: ChoiceEnum(["per-cell", "single-device"]) = field(
         default="per-cell",
         metadata={
@@ -135,17 +145,20 @@ class HybridGroupConfig(FairseqDataclass):
 class HybridGroup:
     def __init__(self, model, plan: DevicePlan, chunk_length: Union[int, str] = 0, dropout_masks: str = "per-cell",
                  timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None,
-                 micro_batches: Union[int, str] = 1, workers: str = "auto"):
+                 micro_batches: Union[int, str] = 1, workers: str = "auto", softmax_chunks: Union[int, str] = 1):
         self.model = model
         self.plan = plan
         self.workers = worker_kind(workers, plan.devices)
         self.stages: Optional[StageProcesses] = None  # started at the first step (processes)
         self.micro_batches = micro_batches_option(micro_batches)
         self.chunk_length = chunk_length_option(chunk_length)
-        # --hybrid-chunk-length auto, --hybrid-micro-batches auto: chosen per batch shape (hybrid and model
-        # mode; data mode has neither chunks nor micro-batches)
-        self.chunk_chooser = (ChunkLengthChooser(model, plan, cost_model, self.micro_batches, self.chunk_length)
-                              if AUTO in (self.chunk_length, self.micro_batches) and plan.mode != "data" else None)
+        self.softmax_chunks = softmax_chunks_option(softmax_chunks)
+        # --hybrid-chunk-length, --hybrid-micro-batches, --hybrid-softmax-chunks auto: chosen per batch shape
+        # (hybrid and model mode; data mode has neither chunks nor micro-batches)
+        self.chunk_chooser = (ChunkLengthChooser(model, plan, cost_model, self.micro_batches, self.chunk_length,
+                                                 self.softmax_chunks)
+                              if AUTO in (self.chunk_length, self.micro_batches, self.softmax_chunks)
+                              and plan.mode != "data" else None)
         self.dropout_masks = dropout_masks
         self.timeout = timeout
         self.replicas = ModelReplicas(model)
@@ -169,7 +182,7 @@ class HybridGroup:
         cost_file = getattr(cfg, "hybrid_cost_model", "")
         group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout),
                     CostModel.load(cost_file) if cost_file else None, getattr(cfg, "hybrid_micro_batches", 1),
-                    getattr(cfg, "hybrid_workers", "auto"))
+                    getattr(cfg, "hybrid_workers", "auto"), getattr(cfg, "hybrid_softmax_chunks", 1))
         logger.info("hybrid group (%s mode, %d devices), worker %s:\n%s", plan.mode, plan.size, group.workers,
                     group.placement_table())
         return group
@@ -229,18 +242,20 @@ class HybridGroup:
 
     def _loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss) -> Tuple[Tensor, ...]:
         masks = self.dropout_masks == "single-device"
-        chunk_length, micro_batches = self.chunk_length, self.micro_batches
+        chunk_length, micro_batches, softmax_chunks = self.chunk_length, self.micro_batches, self.softmax_chunks
         if self.chunk_chooser is not None:
-            chunk_length, micro_batches = self.chunk_chooser(net_input, target)
+            chunk_length, micro_batches, softmax_chunks = self.chunk_chooser(net_input, target)
             metrics.log_scalar("chunk_len", chunk_length, weight=1, round=1)
             metrics.log_scalar("micro_batches", micro_batches, weight=1, round=1)
+            if self.softmax_chunks == AUTO:
+                metrics.log_scalar("softmax_chunks", softmax_chunks, weight=1, round=1)
         if self.workers == "processes":
             if self.stages is None:
                 self.stages = StageProcesses(self.model, self.plan, self.timeout)
             return self.stages.loss_sums(net_input, target, shard_loss, chunk_length, micro_batches, masks,
-                                         log_device_usage)
+                                         log_device_usage, softmax_chunks)
         built = build_step(self.model, self.plan, net_input, target, shard_loss, chunk_length, micro_batches,
-                           self.replicas, masks)
+                           self.replicas, masks, softmax_chunks=softmax_chunks)
         return run_step(built, self.timeout, log_device_usage)
 
 

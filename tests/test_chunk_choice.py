@@ -44,23 +44,24 @@ def test_candidates_go_up_to_one_chunk_a_layer():
     assert candidate_lengths(1, 1) == [0, 1]
 
 
-def chooser(fixed_seconds: float, devices: int = 4, micro_batches=1, chunk_length="auto"):
+def chooser(fixed_seconds: float, devices: int = 4, micro_batches=1, chunk_length="auto", softmax_chunks=1):
     model, cfg = twin_model("hybrid_lstm_paper", 32000)
     plan = build_plan(",".join(["cpu"] * devices), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     fixed = {key: fixed_seconds for key in ("lstm/forward", "lstm/backward", "attention_softmax/forward",
                                             "attention_softmax/backward")}
-    return ChunkLengthChooser(model, plan, CostModel(fixed=fixed, default_rate=1e12), micro_batches, chunk_length)
+    return ChunkLengthChooser(model, plan, CostModel(fixed=fixed, default_rate=1e12), micro_batches, chunk_length,
+                              softmax_chunks)
 
 
 def test_free_cells_choose_more_chunks_than_costly_ones():
     net_input, target = batch(64, [40] * 64, 40)
     free = chooser(0.0)
     times = free.predicted_seconds(net_input, target)
-    fine, one = free(net_input, target)
-    assert one == 1 and 0 < fine <= 5 and times[fine, 1] < times[0, 1]  # shorter chunks than K = 4 chunks of 10
+    fine, one, span = free(net_input, target)
+    assert one == 1 and span == 1 and 0 < fine <= 5 and times[fine, 1, 1] < times[0, 1, 1]  # shorter chunks than K = 4 chunks of 10
     # when a cell call costs far more than its arithmetic, the fewest cells
     # win: one chunk a layer
-    assert chooser(1.0)(net_input, target) == (40, 1)
+    assert chooser(1.0)(net_input, target) == (40, 1, 1)
 
 
 def test_micro_batches_are_chosen_with_the_chunk_length():
@@ -69,12 +70,30 @@ def test_micro_batches_are_chosen_with_the_chunk_length():
     count is chosen."""
     net_input, target = batch(64, [40] * 64, 40)
     free = chooser(0.0, micro_batches="auto")
-    assert set(count for _, count in free.predicted_seconds(net_input, target)) == {1, 2, 4, 8}
+    assert set(count for _, count, _ in free.predicted_seconds(net_input, target)) == {1, 2, 4, 8}
     assert free(net_input, target)[1] > 1
-    assert chooser(1.0, micro_batches="auto")(net_input, target) == (40, 1)
+    assert chooser(1.0, micro_batches="auto")(net_input, target) == (40, 1, 1)
     fixed = chooser(0.0, micro_batches="auto", chunk_length=0)
-    assert {length for length, _ in fixed.predicted_seconds(net_input, target)} == {0}
+    assert {length for length, _, _ in fixed.predicted_seconds(net_input, target)} == {0}
     assert chooser(0.0, micro_batches="auto")(*batch(3, [40] * 3, 40))[1] <= 3  # never more than the sentences
+
+
+def test_softmax_chunks_are_chosen_with_the_chunk_length():
+    """--hybrid-softmax-chunks auto: each device's attention-softmax cells
+    run between its own layers' cells, so a cell per chunk gains no
+    overlap here and joining them saves their host time: one cell a shard
+    (0) where calls cost, and on a tie too (the fewest cells)."""
+    net_input, target = batch(64, [40] * 64, 40)  # 5 target chunks of 8
+    free = chooser(0.0, chunk_length=8, softmax_chunks="auto")
+    times = free.predicted_seconds(net_input, target)
+    assert {span for _, _, span in times} == {1, 2, 4, 0} and {length for length, _, _ in times} == {8}
+    assert max(times.values()) <= 1.001 * min(times.values()) and free(net_input, target) == (8, 1, 0)
+    costly = chooser(1e-3, chunk_length=8, softmax_chunks="auto")
+    times = costly.predicted_seconds(net_input, target)
+    assert costly(net_input, target) == (8, 1, 0)
+    # each device runs one shard: 4 fewer cells each way at 1 ms a call
+    assert times[8, 1, 1] - times[8, 1, 0] == pytest.approx(8e-3, abs=1e-6)
+    assert chooser(1e-3, chunk_length=8)(net_input, target) == (8, 1, 1)  # fixed unless auto
 
 
 def test_the_search_stops_once_two_counts_in_a_row_are_no_faster():
@@ -88,8 +107,8 @@ def test_the_search_stops_once_two_counts_in_a_row_are_no_faster():
     plan = build_plan("cpu,cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     on_cpu = ChunkLengthChooser(model, plan, None, "auto", 0)
     sample = batch(200, [10] * 200, 10)
-    assert {count for _, count in on_cpu.predicted_seconds(*sample, stop_early=True)} == {1, 2, 4}
-    assert on_cpu(*sample) == (0, 1)
+    assert {count for _, count, _ in on_cpu.predicted_seconds(*sample, stop_early=True)} == {1, 2, 4}
+    assert on_cpu(*sample) == (0, 1, 1)
     paper, paper_cfg = twin_model("hybrid_lstm_paper", 32000)
     four = build_plan("cpu,cpu,cpu,cpu", "", "hybrid", paper_cfg.encoder_layers, paper_cfg.decoder_layers)
     for cost in (default_cost_model([torch.device("cpu")] * 2), default_cost_model(), CostModel()):
@@ -99,7 +118,7 @@ def test_the_search_stops_once_two_counts_in_a_row_are_no_faster():
             whole = choose.predicted_seconds(*sample)
             assert whole[choose(*sample)] <= 1.001 * min(whole.values())
     cpu = ChunkLengthChooser(paper, four, default_cost_model([torch.device("cpu")] * 2), "auto", "auto")
-    best = {count: min(seconds for (_, tried), seconds in cpu.predicted_seconds(*batch(16, [5] * 16, 6)).items()
+    best = {count: min(seconds for (_, tried, _), seconds in cpu.predicted_seconds(*batch(16, [5] * 16, 6)).items()
                        if tried == count) for count in (1, 2, 4)}
     assert best[2] >= best[1] > best[4]  # the case a single count no faster would stop on
 
@@ -141,16 +160,18 @@ def test_on_cpu_devices_auto_weighs_with_cell_times_measured_on_a_cpu():
     chooser = ChunkLengthChooser(model, plan, None, "auto", 0)
     assert chooser.cost.per_step == cpu.per_step
     times = chooser.predicted_seconds(*sample)
-    assert chooser(*sample) == (0, 1) and times[0, 8] > 1.1 * times[0, 1]
+    assert chooser(*sample) == (0, 1, 1) and times[0, 8, 1] > 1.1 * times[0, 1, 1]
     flops_and_host = ChunkLengthChooser(model, plan, default_cost_model(), "auto", 0).predicted_seconds(*sample)
-    assert flops_and_host[0, 8] < 1.02 * flops_and_host[0, 1]
+    assert flops_and_host[0, 8, 1] < 1.02 * flops_and_host[0, 1, 1]
 
 
-@pytest.mark.parametrize("micro_batches", ["1", "auto"])
+@pytest.mark.parametrize("micro_batches, softmax_chunks", [("1", "1"), ("auto", "1"), ("1", "auto")])
 @pytest.mark.parametrize("mode", ["hybrid", "model"])
-def test_a_group_choosing_its_chunk_length_computes_the_single_device_step(mode, micro_batches, dictionaries):
+def test_a_group_choosing_its_chunk_length_computes_the_single_device_step(mode, micro_batches, softmax_chunks,
+                                                                         dictionaries):
     check_equal(["cpu"] * 2, mode, dictionaries, group_options={"hybrid_chunk_length": "auto",
-                                                               "hybrid_micro_batches": micro_batches})
+                                                               "hybrid_micro_batches": micro_batches,
+                                                               "hybrid_softmax_chunks": softmax_chunks})
 
 
 def test_the_group_chooses_for_the_batch_it_runs(dictionaries):
@@ -161,8 +182,8 @@ def test_the_group_chooses_for_the_batch_it_runs(dictionaries):
     chooser = group.hybrid_group.chunk_chooser
     assert list(chooser.choices) == [chooser.shape(sample["net_input"])]
     widths = sample["net_input"]["src_tokens"].size(1), sample["net_input"]["prev_output_tokens"].size(1)
-    length, micro_batches = chooser.choices[chooser.shape(sample["net_input"])]
-    assert length in candidate_lengths(*widths) and micro_batches == 1
+    length, micro_batches, softmax_chunks = chooser.choices[chooser.shape(sample["net_input"])]
+    assert length in candidate_lengths(*widths) and micro_batches == 1 and softmax_chunks == 1
 
 
 def test_data_mode_has_no_chunks_to_choose(dictionaries):

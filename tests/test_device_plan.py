@@ -62,19 +62,35 @@ def test_data_mode_may_use_more_devices_than_layers():
 
 
 def test_placement_without_devices_is_refused():
-    needs = "--hybrid-placement, --hybrid-cost-model and --hybrid-micro-batches need --hybrid-devices"
+    needs = ("--hybrid-placement, --hybrid-cost-model, --hybrid-micro-batches and --hybrid-softmax-chunks need "
+             "--hybrid-devices")
     with pytest.raises(ValueError, match=needs):
         build_model("hybrid_lstm_tiny", hybrid_placement="encoder=0,0;decoder=0,0")
     with pytest.raises(ValueError, match=needs):
         build_model("hybrid_lstm_tiny", hybrid_cost_model="simulation.json")
     with pytest.raises(ValueError, match=needs):
         build_model("hybrid_lstm_tiny", hybrid_micro_batches=2)
+    with pytest.raises(ValueError, match=needs):
+        build_model("hybrid_lstm_tiny", hybrid_softmax_chunks="0")
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "often", "0"])
 def test_a_bad_micro_batch_count_is_refused(value):
     with pytest.raises(DevicePlanError, match="--hybrid-micro-batches must be a whole number >= 1 or auto"):
         build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_micro_batches=value)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "all", "-2"])
+def test_a_bad_softmax_chunk_count_is_refused(value):
+    with pytest.raises(DevicePlanError, match=r"--hybrid-softmax-chunks must be a whole number >= 0 \(0: all"):
+        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_softmax_chunks=value)
+
+
+def test_softmax_chunks_in_data_mode_are_refused_and_auto_is_taken():
+    with pytest.raises(DevicePlanError, match="--hybrid-softmax-chunks is for --hybrid-mode hybrid and model"):
+        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_mode="data", hybrid_softmax_chunks="0")
+    group = build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_softmax_chunks=" auto ").hybrid_group
+    assert group.softmax_chunks == "auto" and group.chunk_chooser.spans() == [1, 2, 4, 0]
 
 
 def test_micro_batches_in_data_mode_are_refused():

@@ -55,7 +55,7 @@ def test_auto_placement_under_a_measured_cost_model(dictionaries, tmp_path):
     with pytest.raises(DevicePlanError, match="--hybrid-cost-model .*missing.json"):
         build_model("hybrid_lstm_tiny", make_dictionary(), make_dictionary(), hybrid_devices="cpu,cpu",
                     hybrid_placement="auto", hybrid_cost_model=str(tmp_path / "missing.json"))
-    with pytest.raises(DevicePlanError, match="--hybrid-chunk-length auto and --hybrid-micro-batches auto only"):
+    with pytest.raises(DevicePlanError, match="--hybrid-chunk-length auto, --hybrid-micro-batches auto and --hybrid-softmax-chunks auto only"):
         build_model("hybrid_lstm_tiny", make_dictionary(), make_dictionary(), hybrid_devices="cpu,cpu",
                     hybrid_cost_model=str(path))
 

@@ -53,6 +53,11 @@ def test_processes_with_micro_batches_equal_one_device(micro_batches, count, mod
                 group_options={**PROCESSES, "hybrid_micro_batches": micro_batches, "hybrid_chunk_length": 2})
 
 
+def test_processes_with_attention_softmax_cells_over_several_chunks(dictionaries):
+    check_equal(["cpu"] * 2, "hybrid", dictionaries,
+                group_options={**PROCESSES, "hybrid_softmax_chunks": "0", "hybrid_chunk_length": 2})
+
+
 def test_spawned_stages_equal_one_device(dictionaries, monkeypatch):
     """Stages started as a GPU group starts them (spawn: a fresh
     interpreter, the model pickled with torch's reductions, its parameters

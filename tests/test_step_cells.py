@@ -10,7 +10,7 @@ from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.device_plan import build_plan
-from fairseq_hybrid.parallel.step_cells import build_hybrid_step, time_chunks
+from fairseq_hybrid.parallel.step_cells import build_hybrid_step, softmax_groups, time_chunks
 
 
 def test_time_chunks():
@@ -35,6 +35,33 @@ def test_cells_name_their_outputs_and_readers_use_the_names(dictionaries):
                              step.ref(cells["encoder top states"], "shard 1")]
     with pytest.raises(KeyError, match="has no output 'shard 2'"):
         step.ref(cells["encoder top states"], "shard 2")
+
+
+def test_softmax_groups():
+    assert softmax_groups(5, 1) == [range(0, 1), range(1, 2), range(2, 3), range(3, 4), range(4, 5)]
+    assert softmax_groups(5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert softmax_groups(5, 0) == softmax_groups(5, 9) == [range(0, 5)]
+
+
+def test_an_attention_softmax_cell_over_several_chunks_reads_each_of_them(dictionaries):
+    """--hybrid-softmax-chunks 2 over the decoder's 3 chunks: per shard a
+    cell of chunks 0-1 and one of chunk 2, each reading the top decoder
+    layer's chunks it spans (in time order) and the encoder's shard."""
+    src_dict, tgt_dict = dictionaries
+    model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
+    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    step = build_hybrid_step(model, build_plan("cpu,cpu", "", "hybrid", 4, 4), sample["net_input"],
+                             sample["target"], None, chunk_length=4, softmax_chunks=2).step
+    assert sample["net_input"]["prev_output_tokens"].size(1) == 11  # chunks of 4, 4 and 3 steps
+    cells = {cell.name: index for index, cell in enumerate(step.cells)}
+    names = [name for name in cells if name.startswith("attention-softmax")]
+    assert names == ["attention-softmax shard 0 chunks 0-1", "attention-softmax shard 0 chunk 2",
+                     "attention-softmax shard 1 chunks 0-1", "attention-softmax shard 1 chunk 2"]
+    assert step.cells[cells["attention-softmax shard 1 chunks 0-1"]].inputs == [
+        step.ref(cells["decoder layer 3 chunk 0"], "shard 1"), step.ref(cells["decoder layer 3 chunk 1"], "shard 1"),
+        step.ref(cells["encoder top states"], "shard 1")]
+    rows = len(TGT_LENGTHS) - len(TGT_LENGTHS) // 2  # shard 0's sentences
+    assert [step.cells[cells[name]].work.tokens for name in names[:2]] == [rows * 8, rows * 3]
 
 
 @pytest.mark.parametrize("chunk_length", [1, 3])

@@ -141,6 +141,22 @@ def test_only_a_non_blocking_copy_from_pinned_memory_is_queued():
         ("host-to-device copy", 1), ("host-to-device copy", 1), ("device-to-host copy", 1)]
 
 
+@pytest.mark.parametrize("softmax_chunks, options", [
+    (0, {"hybrid_micro_batches": 2}),
+    (2, {"hybrid_dropout_masks": "single-device"}),
+    (4, {}),  # more than the step has: all of them
+])
+@pytest.mark.parametrize("mode", ["hybrid", "model"])
+def test_attention_softmax_cells_over_several_chunks(mode, softmax_chunks, options, dictionaries):
+    """--hybrid-softmax-chunks: cells that take several of the decoder's
+    time chunks compute the single device's step, race-free, without a
+    wait."""
+    with virtual_devices() as harness:
+        check_equal(virtual(3), mode, dictionaries, batch_on_first_device=True, hybrid_chunk_length=2,
+                    group_options={"hybrid_softmax_chunks": str(softmax_chunks), **options})
+    assert harness.streams.races == [] and harness.step_syncs == [] and harness.syncs == []
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("devices", [["cpu:0", "cpu:0"], ["cpu:0", "cpu:1", "cpu:0", "cpu:1"]])
 def test_virtual_workers_sharing_a_device(devices, mode, dictionaries):

@@ -61,7 +61,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NO_DATA = "-"  # the data folder in a command planned without data
 # the options the printed command sets itself: the batch, the GPUs, the group's choices
 REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
-                    "--update-freq", "--max-tokens", "--batch-size", "--distributed-world-size")
+                    "--hybrid-softmax-chunks", "--update-freq", "--max-tokens", "--batch-size", "--distributed-world-size")
 # criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
 # group runs its cells through it, and on one device and under DDP its fused output layer is faster, so every
 # candidate is timed and printed with it in their place
@@ -381,7 +381,8 @@ def command_for(row: Dict, train: List[str], args, sentences: int, devices: Opti
     if row["group_size"] == 1:
         world = ["--distributed-world-size", str(row["gpus"])] if row["gpus"] > 1 else []
         return shlex.join(["fairseq-train", *rest, *batch, *world])
-    group = ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches", str(row["micro_batches"])]
+    group = ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches", str(row["micro_batches"]),
+             "--hybrid-softmax-chunks", str(row.get("softmax_chunks", 1))]
     if row.get("workers"):
         group += ["--hybrid-workers", row["workers"]]
     if row["placement"]:

@@ -65,7 +65,8 @@ def build(train: List[str], devices: Sequence[str], group: Dict = None):
         group = group or {}
         args += ["--hybrid-devices", ",".join(devices),
                  "--hybrid-chunk-length", str(group.get("chunk_length", 0)),
-                 "--hybrid-micro-batches", str(group.get("micro_batches", 1))]
+                 "--hybrid-micro-batches", str(group.get("micro_batches", 1)),
+                 "--hybrid-softmax-chunks", str(group.get("softmax_chunks", 1))]
         if group.get("placement"):
             args += ["--hybrid-placement", group["placement"]]
         if group.get("workers"):

@@ -10,10 +10,10 @@ of.  Neither reaches into the modules behind it.
 from .cell_graph import Cell, CellTime, DeviceUsage, Work, record_cell_times
 from .device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options, chunk_length_option,
                           default_placement, micro_batches_option, parse_devices, parse_placement,
-                          placement_text, plan_table)
+                          placement_text, plan_table, softmax_chunks_option)
 from .host_batch import host_of, keep_on_host, on_host
 from .replicas import ModelReplicas
-from .step_cells import build_data_parallel_step, build_hybrid_step, run_step, time_chunks
+from .step_cells import build_data_parallel_step, build_hybrid_step, run_step, softmax_groups, time_chunks
 from .wavefront import CellSpec, clocks
 from .worker import DEFAULT_TIMEOUT
 
@@ -22,5 +22,5 @@ __all__ = [
     "MODES", "ModelReplicas", "Work", "build_data_parallel_step", "build_hybrid_step", "build_plan",
     "check_options", "chunk_length_option", "clocks", "default_placement", "host_of", "keep_on_host",
     "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text", "plan_table",
-    "record_cell_times", "run_step", "time_chunks",
+    "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "time_chunks",
 ]

@@ -203,22 +203,30 @@ def micro_batches_option(value) -> Union[int, str]:
     return _count_or_auto(value, 1, bad, bad)
 
 
+def softmax_chunks_option(value) -> Union[int, str]:
+    """``--hybrid-softmax-chunks`` as a count of time chunks >= 0 or ``"auto"``."""
+    bad = "--hybrid-softmax-chunks must be a whole number >= 0 (0: all of a micro-batch's chunks) or auto, got {!r}"
+    return _count_or_auto(value, 0, bad, bad)
+
+
 def check_options(cfg) -> None:
     """The checks of the ``--hybrid-*`` options that need neither the model
     nor the machine; :func:`build_plan` checks the rest."""
     devices = getattr(cfg, "hybrid_devices", "")
     placement = getattr(cfg, "hybrid_placement", "")
     cost_model = getattr(cfg, "hybrid_cost_model", "")
+    softmax_chunks = softmax_chunks_option(getattr(cfg, "hybrid_softmax_chunks", 1))
     if not devices:
-        if placement or cost_model or micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1)) != 1:
-            raise DevicePlanError("--hybrid-placement, --hybrid-cost-model and --hybrid-micro-batches need "
-                                  "--hybrid-devices")
+        if (placement or cost_model or micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1)) != 1
+                or softmax_chunks != 1):
+            raise DevicePlanError("--hybrid-placement, --hybrid-cost-model, --hybrid-micro-batches and "
+                                  "--hybrid-softmax-chunks need --hybrid-devices")
         return
     chunk_length = chunk_length_option(getattr(cfg, "hybrid_chunk_length", 0))
-    if (cost_model and placement != AUTO and chunk_length != AUTO
+    if (cost_model and placement != AUTO and chunk_length != AUTO and softmax_chunks != AUTO
             and micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1)) != AUTO):
         raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto, --hybrid-chunk-length "
-                              "auto and --hybrid-micro-batches auto only")
+                              "auto, --hybrid-micro-batches auto and --hybrid-softmax-chunks auto only")
     timeout = getattr(cfg, "hybrid_timeout", 1.0)
     if not timeout > 0:
         raise DevicePlanError(f"--hybrid-timeout must be > 0 seconds, got {timeout}")
@@ -226,6 +234,9 @@ def check_options(cfg) -> None:
     if micro_batches != 1 and getattr(cfg, "hybrid_mode", "hybrid") == "data":
         raise DevicePlanError("--hybrid-micro-batches is for --hybrid-mode hybrid and model (data mode has no "
                               "pipeline to fill)")
+    if softmax_chunks != 1 and getattr(cfg, "hybrid_mode", "hybrid") == "data":
+        raise DevicePlanError("--hybrid-softmax-chunks is for --hybrid-mode hybrid and model (data mode runs "
+                              "the whole model in one cell a device)")
 
 
 def build_plan(devices: str, placement: str, mode: str, encoder_layers: int, decoder_layers: int) -> DevicePlan:

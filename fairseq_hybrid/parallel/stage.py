@@ -194,7 +194,8 @@ class Stage:
         self.model.train(step["training"])
         with ThreadState(step["grad_enabled"], tuple(step["autocast"]), ()).entered():  # the trainer's
             built = build_step(self.model, self.plan, step["net_input"], step["target"], step["shard_loss"],
-                               step["chunk_length"], step["micro_batches"], self.replicas, masks=step["masks"])
+                               step["chunk_length"], step["micro_batches"], self.replicas, masks=step["masks"],
+                               softmax_chunks=step["softmax_chunks"])
             for use in built.replica_uses:
                 if use.worker == self.me:
                     use.replicas.prefetch(self.me, self.device, built.step)

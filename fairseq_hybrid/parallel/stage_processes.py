@@ -127,7 +127,8 @@ class StageProcesses:
 
     def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss, chunk_length: int,
                   micro_batches: int, single_device_masks: bool,
-                  report_usage: Optional[Callable[[DeviceUsage], None]] = None) -> Tuple[Tensor, ...]:
+                  report_usage: Optional[Callable[[DeviceUsage], None]] = None,
+                  softmax_chunks: int = 1) -> Tuple[Tensor, ...]:
         """The batch's summed shard losses, run on the stages; their
         backward runs the stages' backward, after which ``report_usage``
         gets how busy each device was (each stage's time in its cells)."""
@@ -141,7 +142,7 @@ class StageProcesses:
         seed = int(torch.randint(0, 1 << 62, ()).item()) if grad_enabled else 0
         step = {"net_input": {key: host_of(value) for key, value in net_input.items() if torch.is_tensor(value)},
                 "target": host_of(target), "shard_loss": shard_loss, "chunk_length": chunk_length,
-                "micro_batches": micro_batches, "masks": masks, "seed": seed, "grad_enabled": grad_enabled,
+                "micro_batches": micro_batches, "softmax_chunks": softmax_chunks, "masks": masks, "seed": seed, "grad_enabled": grad_enabled,
                 "autocast": capture().autocast, "training": self.model.training}
         try:
             message = pickle.dumps(("forward", step))

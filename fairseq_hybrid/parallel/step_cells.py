@@ -17,8 +17,9 @@ The cells, each on the device of the plan that owns its parameters:
   of encoder layer ``l``, so it runs as soon as that layer is done;
 * one attention-softmax cell per batch shard (``hybrid``: every device;
   ``model``: one shard on the top decoder layer's device) and time chunk,
-  each with its device's replica of the attention-softmax parameters,
-  ending in the criterion's summed loss.
+  or group of consecutive chunks (``--hybrid-softmax-chunks``), each with
+  its device's replica of the attention-softmax parameters, ending in the
+  criterion's summed loss.
 
 ``data`` mode is one whole-model cell per device, each on its batch shard.
 Every cell computes what the single-device model computes for its piece,
@@ -70,6 +71,13 @@ def time_chunks(length: int, chunk_length: int, count: int) -> List[slice]:
     if chunk_length > 0:
         return [slice(start, min(start + chunk_length, length)) for start in range(0, max(length, 1), chunk_length)]
     return batch_slices(max(length, 1), count)
+
+
+def softmax_groups(chunks: int, per_cell: int) -> List[range]:
+    """The target chunks of each attention-softmax cell: ``per_cell``
+    consecutive ones (``--hybrid-softmax-chunks``; 0: all in one)."""
+    per_cell = chunks if per_cell <= 0 else min(per_cell, chunks)
+    return [range(first, min(first + per_cell, chunks)) for first in range(0, chunks, max(per_cell, 1))]
 
 
 def chunk_names(count: int) -> List[str]:
@@ -165,7 +173,7 @@ class _Batch:
     the devices queue copies: staging never waits for a device."""
 
     def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int,
-                 masks: Optional[SingleDeviceMasks], shards: Sequence[Tuple[int, slice]]):
+                 masks: Optional[SingleDeviceMasks], shards: Sequence[Tuple[int, slice]], softmax_chunks: int = 1):
         encoder = model.encoder.stack
         devices = plan.devices
         self.pin = pin = queues_copies(devices)
@@ -179,6 +187,10 @@ class _Batch:
         self.rows = src_tokens.size(0)
         self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
         self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
+        # the target chunks each attention-softmax cell takes, and the time steps they span
+        self.softmax_groups = softmax_groups(len(self.target_chunks), softmax_chunks)
+        self.softmax_spans = [slice(self.target_chunks[group[0]].start, self.target_chunks[group[-1]].stop)
+                              for group in self.softmax_groups]
         self.shards = [rows for _, rows in shards]
         self.shard_workers = [worker for worker, _ in shards]
         self.shard_devices = [devices[worker] for worker in self.shard_workers]
@@ -202,7 +214,7 @@ class _Batch:
         self.padding_masks, self.targets, self.kept = [], [], []
         for rows, device in zip(self.shards, self.shard_devices):
             self.padding_masks.append(arrive(pinned(padding_mask[rows], pin), device))
-            pieces = [target[rows, chunk] for chunk in self.target_chunks]
+            pieces = [target[rows, span] for span in self.softmax_spans]
             self.targets.append([arrive(pinned(piece, pin), device) for piece in pieces])
             self.kept.append([_kept_on(piece, pad, device, pin) for piece in pieces])
 
@@ -218,7 +230,7 @@ class _Batch:
 def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                       chunk_length: int = 0, replicas: Optional[ModelReplicas] = None,
                       single_device_masks: bool = False, micro_batches: int = 1,
-                      masks: Optional[SingleDeviceMasks] = None) -> BuiltStep:
+                      masks: Optional[SingleDeviceMasks] = None, softmax_chunks: int = 1) -> BuiltStep:
     """The cells of one ``hybrid`` or ``model`` step, in the order that
     fixes their dropout seeds: for each micro-batch, encoder, its top
     states, decoder, shards.  ``replicas``: the group's replica caches
@@ -228,7 +240,10 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     micro-batch while the next device works on the one before and the
     attention-softmax part on an earlier one still.  ``masks``: the
     single-device masks drawn already (by the trainer, for stages in
-    processes of their own)."""
+    processes of their own).  ``softmax_chunks``: the target chunks one
+    attention-softmax cell takes (1: a cell per chunk, which starts as
+    soon as the top decoder layer made it; 0: all of them, a cell per
+    shard and micro-batch; fewer cells, less host time, less overlap)."""
     step = StepBuilder(model, plan, replicas or ModelReplicas(model))
     net_input, target = on_host(net_input), host_of(target)
     if single_device_masks and masks is None:  # the whole batch's, as the single-device model draws them
@@ -246,7 +261,8 @@ def build_hybrid_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], tar
     pieces = step_rows(plan, net_input, target, micro_batches, model.decoder.dictionary.pad())
     for part in micro_batches_of(net_input, target, masks, pieces):
         step.prefix, step.not_before = part.name, part.index * stagger
-        batch = _Batch(model, plan, part.net_input, part.target, chunk_length, part.masks, part.shards)
+        batch = _Batch(model, plan, part.net_input, part.target, chunk_length, part.masks, part.shards,
+                       softmax_chunks)
         encoder_output, final_states, direction_uses = _add_encoder(step, batch)
         encoder_shards = _add_encoder_top(step, batch, encoder_output)
         decoder_chunks = _add_decoder(step, batch, final_states)
@@ -435,8 +451,9 @@ def _add_decoder(step: StepBuilder, batch: _Batch, final_states) -> List[int]:
 def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder_shards: int,
                            decoder_chunks: List[int], sinks: Dict[int, GradientSink]
                            ) -> Tuple[List[int], List[ReplicaUse]]:
-    """One cell per (batch shard, time chunk): the shard's device starts on
-    a chunk as soon as the top decoder layer has produced it, with its own
+    """One cell per (batch shard, group of time chunks): the shard's device
+    starts on a group as soon as the top decoder layer has produced its
+    last chunk (one chunk a group: as soon as it is made), with its own
     replica of the attention-softmax parameters (the master's own worker
     with the master), summing its output layer's gradient into its
     device's sink (``sinks``, by worker; the loss's cells are added into
@@ -450,23 +467,25 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
     replica_cells: Dict[int, List[int]] = {}
     for k, (rows, worker, shard) in enumerate(zip(batch.shards, batch.shard_workers, shard_names(len(batch.shards)))):
         device = plan.devices[worker]
-        for c, chunk in enumerate(batch.target_chunks):
-            def run_shard(states, encoder_states, worker=worker, k=k, c=c, device=device):
+        for g, (group, span) in enumerate(zip(batch.softmax_groups, batch.softmax_spans)):
+            def run_shard(*args, worker=worker, k=k, g=g, device=device):
+                states, encoder_states = _join(args[:-1], chunked=True), args[-1]  # the group's chunks joined
                 # The replica is brought up to date on its own worker (on its stream).
                 replica = part if worker == master_worker else replicas.on(worker, device, step)
                 if isinstance(shard_loss, LabelSmoothedLoss) and fused_cell_applies(replica, states):
                     return attention_softmax_loss(replica, states, encoder_states, batch.padding_masks[k],
-                                                  batch.kept[k][c], shard_loss, sinks[worker])
+                                                  batch.kept[k][g], shard_loss, sinks[worker])
                 features, _ = replica.features(states, encoder_states, batch.padding_masks[k])
-                return shard_loss(features, replica.output_weight, replica.output_bias, batch.targets[k][c],
-                                  batch.kept[k][c], sinks[worker])
+                return shard_loss(features, replica.output_weight, replica.output_bias, batch.targets[k][g],
+                                  batch.kept[k][g], sinks[worker])
 
-            inputs = [step.ref(decoder_chunks[c], shard), step.ref(encoder_shards, shard)]
-            work = Work("attention_softmax", (rows.stop - rows.start) * (chunk.stop - chunk.start),
+            inputs = [step.ref(decoder_chunks[c], shard) for c in group] + [step.ref(encoder_shards, shard)]
+            work = Work("attention_softmax", (rows.stop - rows.start) * (span.stop - span.start),
                         (decoder.hidden_size, encoder.output_size, part.output_weight.size(1),
                          part.output_weight.size(0), batch.source_width))
-            mask = batch.pick(lambda m, rows=rows, chunk=chunk: m.features[rows, chunk], device)
-            outputs.append(step.add(f"attention-softmax {shard} chunk {c}", worker, inputs,
+            mask = batch.pick(lambda m, rows=rows, span=span: m.features[rows, span], device)
+            chunks = f"chunk {group[0]}" if len(group) == 1 else f"chunks {group[0]}-{group[-1]}"
+            outputs.append(step.add(f"attention-softmax {shard} {chunks}", worker, inputs,
                                     with_masks(mask, run_shard), work))
             if worker != master_worker:
                 replica_cells.setdefault(worker, []).append(outputs[-1])
@@ -514,14 +533,15 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
 
 def build_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                chunk_length: int, micro_batches: int, replicas: ModelReplicas,
-               single_device_masks: bool = False, masks: Optional[SingleDeviceMasks] = None) -> BuiltStep:
+               single_device_masks: bool = False, masks: Optional[SingleDeviceMasks] = None,
+               softmax_chunks: int = 1) -> BuiltStep:
     """The step's cells in the plan's mode (threads and stages build them
     alike)."""
     if plan.mode == "data":
         return build_data_parallel_step(model, plan, net_input, target, shard_loss, replicas, single_device_masks,
                                         masks)
     return build_hybrid_step(model, plan, net_input, target, shard_loss, chunk_length, replicas,
-                             single_device_masks, micro_batches, masks)
+                             single_device_masks, micro_batches, masks, softmax_chunks)
 
 
 def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT,

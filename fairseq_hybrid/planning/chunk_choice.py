@@ -18,6 +18,10 @@ give the whole layer), so the choice changes speed only.  Micro-batches
 are weighed the same way (:data:`MICRO_BATCH_COUNTS`): more of them fill
 the pipeline better but make more, smaller cells, each paying its host
 time and, on a GPU, a lower throughput; every count computes the same step.
+So is ``--hybrid-softmax-chunks auto`` (:data:`SOFTMAX_CHUNK_COUNTS`): an
+attention-softmax cell per time chunk starts as soon as the decoder has
+made its chunk, one over several chunks costs fewer host calls but starts
+later.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..parallel import AUTO, DevicePlan, host_of, on_host, time_chunks
+from ..parallel import AUTO, DevicePlan, host_of, on_host, softmax_groups, time_chunks
 from .schedule_simulator import CostModel, step_time
 
 logger = logging.getLogger(__name__)
 
 CANDIDATE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MICRO_BATCH_COUNTS = (1, 2, 4, 8)
+SOFTMAX_CHUNK_COUNTS = (1, 2, 4, 0)  # 0: all of a micro-batch's chunks in one cell a shard
 # Shapes whose sentence counts and widths round up to the same multiples share a choice, made on the first
 # batch of them: fairseq's batches by tokens come in hundreds of exact shapes an epoch (about three times
 # fewer buckets on the Tatoeba training split), and each new one costs a simulation of the candidates
@@ -91,13 +96,15 @@ class ChunkLengthChooser:
     other is fixed)."""
 
     def __init__(self, model, plan: DevicePlan, cost: Optional[CostModel] = None,
-                 micro_batches: Union[int, str] = 1, chunk_length: Union[int, str] = AUTO):
+                 micro_batches: Union[int, str] = 1, chunk_length: Union[int, str] = AUTO,
+                 softmax_chunks: Union[int, str] = 1):
         self.model = model
         self.plan = plan
         self.micro_batches = micro_batches
         self.chunk_length = chunk_length
+        self.softmax_chunks = softmax_chunks
         self.cost = cost or default_cost_model(plan.devices)
-        self.choices: Dict[Tuple[int, int, int], Tuple[int, int]] = {}
+        self.choices: Dict[Tuple[int, int, int], Tuple[int, int, int]] = {}
 
     @staticmethod
     def shape(net_input: Dict[str, Tensor]) -> Tuple[int, int, int]:
@@ -106,8 +113,8 @@ class ChunkLengthChooser:
         return (_rounded_up(sentences, SENTENCE_BUCKET), _rounded_up(source_width, WIDTH_BUCKET),
                 _rounded_up(target_width, WIDTH_BUCKET))
 
-    def __call__(self, net_input: Dict[str, Tensor], target: Tensor) -> Tuple[int, int]:
-        """``(chunk length, micro-batches)`` for this batch's shape."""
+    def __call__(self, net_input: Dict[str, Tensor], target: Tensor) -> Tuple[int, int, int]:
+        """``(chunk length, micro-batches, softmax chunks)`` for this batch's shape."""
         key = self.shape(net_input)
         if key not in self.choices:
             self.choices[key] = self.choose(net_input, target)
@@ -125,9 +132,14 @@ class ChunkLengthChooser:
         return ([count for count in MICRO_BATCH_COUNTS if count <= sentences]
                 if self.micro_batches == AUTO else [self.micro_batches])
 
+    def spans(self) -> List[int]:
+        """The ``--hybrid-softmax-chunks`` to try (the fixed one unless auto)."""
+        return list(SOFTMAX_CHUNK_COUNTS) if self.softmax_chunks == AUTO else [self.softmax_chunks]
+
     def predicted_seconds(self, net_input: Dict[str, Tensor], target: Tensor,
-                          stop_early: bool = False) -> Dict[Tuple[int, int], float]:
-        """The simulated step of every candidate ``(length, micro-batches)``,
+                          stop_early: bool = False) -> Dict[Tuple[int, int, int], float]:
+        """The simulated step of every candidate ``(length, micro-batches,
+        softmax chunks)``,
         built on a host copy of the batch for the group's placement on host
         devices: the simulator reads only the cells' shapes, and a step
         built on the group's devices would copy the batch's pieces to each
@@ -149,14 +161,16 @@ class ChunkLengthChooser:
         host_input = {key: value for key, value in on_host(net_input).items() if torch.is_tensor(value)}
         host_target = host_of(target)
         host_plan = replace(self.plan, devices=[torch.device("cpu")] * self.plan.size)
-        times: Dict[Tuple[int, int], float] = {}
-        lengths = self.lengths(net_input)
+        times: Dict[Tuple[int, int, int], float] = {}
+        lengths, spans = self.lengths(net_input), self.spans()
         best, worse = None, 0
         for count in self.counts(net_input):
             for length in lengths:
-                times[length, count] = step_time(self.model, host_plan, host_input, host_target, self.cost, length,
-                                                 micro_batches=count).total
-            fastest = min(times[length, count] for length in lengths)
+                for span in spans:
+                    times[length, count, span] = step_time(self.model, host_plan, host_input, host_target,
+                                                           self.cost, length, micro_batches=count,
+                                                           softmax_chunks=span).total
+            fastest = min(times[length, count, span] for length in lengths for span in spans)
             if best is None or fastest < best:
                 best, worse = fastest, 0
             else:
@@ -165,21 +179,22 @@ class ChunkLengthChooser:
                     break
         return times
 
-    def choose(self, net_input: Dict[str, Tensor], target: Tensor) -> Tuple[int, int]:
+    def choose(self, net_input: Dict[str, Tensor], target: Tensor) -> Tuple[int, int, int]:
         """The fastest candidate; between near-equal ones (within 0.1%),
-        the one with the fewest cells (the least host work), chunk length 0
-        and one micro-batch first."""
+        the one with the fewest cells (the least host work), chunk length 0,
+        one micro-batch and one chunk an attention-softmax cell first."""
         times = self.predicted_seconds(net_input, target, stop_early=True)
         widths = (net_input["src_tokens"].size(1), net_input["prev_output_tokens"].size(1))
 
-        def cells(choice: Tuple[int, int]) -> int:
-            length, count = choice
-            return count * sum(len(time_chunks(width, length, self.plan.size)) for width in widths)
+        def cells(choice: Tuple[int, int, int]) -> int:
+            length, count, span = choice
+            chunks = [len(time_chunks(width, length, self.plan.size)) for width in widths]
+            return count * (sum(chunks) + len(softmax_groups(chunks[1], span)))
 
         best_time = min(times.values())
         near = [choice for choice, seconds in times.items() if seconds <= best_time * 1.001]
-        chosen = min(near, key=lambda choice: (cells(choice), choice[0] != 0, choice[0], choice[1]))
-        logger.debug("auto: %s -> chunk length %d, %d micro-batch(es) (predicted %.2f ms; %s)",
+        chosen = min(near, key=lambda choice: (cells(choice), choice[0] != 0, choice[0], choice[1], choice[2] != 1))
+        logger.debug("auto: %s -> chunk length %d, %d micro-batch(es), %d softmax chunk(s) (predicted %.2f ms; %s)",
                      self.shape(net_input), *chosen, times[chosen] * 1000,
                      ", ".join(f"{k}: {v * 1000:.2f}" for k, v in times.items()))
         return chosen

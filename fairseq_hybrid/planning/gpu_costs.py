@@ -277,19 +277,21 @@ def cost_set(name: str, fixed: Dict[str, float], step_us: float, rate: float,
 
 def predicted_step(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, chunk_length: int = 0,
                    placement: str = "", transform=None, replica_copies: bool = True,
-                   micro_batches: int = 1) -> StepTime:
+                   micro_batches: int = 1, softmax_chunks: int = 1) -> StepTime:
     """The simulated step of ``model`` on a group of ``k`` devices in
-    ``mode`` (default placement unless given; ``micro_batches`` as
-    ``--hybrid-micro-batches``)."""
+    ``mode`` (default placement unless given; ``micro_batches`` and
+    ``softmax_chunks`` as ``--hybrid-micro-batches`` and
+    ``--hybrid-softmax-chunks``)."""
     plan = build_plan(",".join(["cpu"] * k), placement if mode != "data" else "", mode, cfg.encoder_layers,
                       cfg.decoder_layers)
     return step_time(model, plan, net_input, target, cost, chunk_length, transform=transform,
-                     replica_copies=replica_copies, micro_batches=micro_batches if mode != "data" else 1)
+                     replica_copies=replica_copies, micro_batches=micro_batches if mode != "data" else 1,
+                     softmax_chunks=softmax_chunks)
 
 
 def best_chunk_length(model, cfg, k: int, mode: str, cost: CostModel, net_input, target, transform=None,
                       replica_copies: bool = True, lengths: Optional[Sequence[int]] = None, placement: str = "",
-                      micro_batches: int = 1) -> Tuple[int, StepTime]:
+                      micro_batches: int = 1, softmax_chunks: int = 1) -> Tuple[int, StepTime]:
     """The chunk length with the shortest predicted step, and that step,
     among ``--hybrid-chunk-length auto``'s candidates for the batch's widths
     (or ``lengths``); data mode has no chunks."""
@@ -298,5 +300,5 @@ def best_chunk_length(model, cfg, k: int, mode: str, cost: CostModel, net_input,
     if lengths is None:
         lengths = candidate_lengths(net_input["src_tokens"].size(1), net_input["prev_output_tokens"].size(1))
     options = [(length, predicted_step(model, cfg, k, mode, cost, net_input, target, length, placement, transform,
-                                       replica_copies, micro_batches)) for length in lengths]
+                                       replica_copies, micro_batches, softmax_chunks)) for length in lengths]
     return min(options, key=lambda option: option[1].total)

@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..parallel import DevicePlanError, build_plan
+from .chunk_choice import SOFTMAX_CHUNK_COUNTS
 from .data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes
 from .gpu_costs import STEP_US, best_chunk_length, predicted_step, set_costs, set_rate
 from .placement_search import best_placement
@@ -64,12 +65,15 @@ def searched(model, cfg, k: int, cost: CostModel, sample, micro_batches: int, le
 
 
 def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: Sequence[int], lengths,
-               placement: Optional[str] = None, replica_copies: bool = True) -> Dict:
+               placement: Optional[str] = None, replica_copies: bool = True,
+               softmax_chunks: Sequence[int] = SOFTMAX_CHUNK_COUNTS) -> Dict:
     """The group's shortest predicted step over the counts of micro-batches
     (each at its searched placement, unless ``placement`` is given) and
     the chunk lengths (``(0, 0)``: K chunks and one chunk a layer; None:
-    ``--hybrid-chunk-length auto``'s candidates); ``replica_copies=False``:
-    the what-if of replicas whose copies cost nothing."""
+    ``--hybrid-chunk-length auto``'s candidates), then over
+    ``softmax_chunks`` at the best of those (:func:`joined_softmax`);
+    ``replica_copies=False``: the what-if of replicas whose copies cost
+    nothing."""
     best = None
     if lengths is not None and tuple(lengths) == (0, 0):
         lengths = (0, max(sample[0]["src_tokens"].size(1), sample[0]["prev_output_tokens"].size(1)))
@@ -84,14 +88,36 @@ def best_group(model, cfg, k: int, cost: CostModel, sample, micro_batch_counts: 
                                              placement=placement, micro_batches=micro_batches,
                                              replica_copies=replica_copies)
         if best is None or step.total < best["step"].total:
-            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length, "placement": picked}
+            best = {"step": step, "micro_batches": micro_batches, "chunk_length": length, "placement": picked,
+                    "softmax_chunks": 1}
+    return best if best is None else joined_softmax(model, cfg, k, cost, sample, best, softmax_chunks,
+                                                    replica_copies)
+
+
+def joined_softmax(model, cfg, k: int, cost: CostModel, sample, group: Dict, softmax_chunks: Sequence[int],
+                   replica_copies: bool = True) -> Dict:
+    """``group`` with the ``--hybrid-softmax-chunks`` among ``softmax_chunks``
+    whose step is shortest at its other choices (fewer, larger
+    attention-softmax cells: less host time, a later start); the one
+    given when it is alone."""
+    best, given = group, len(softmax_chunks) == 1
+    for span in softmax_chunks:
+        if span == group["softmax_chunks"]:
+            continue
+        step = predicted_step(model, cfg, k, "hybrid", cost, *sample, group["chunk_length"], group["placement"],
+                              replica_copies=replica_copies, micro_batches=group["micro_batches"],
+                              softmax_chunks=span)
+        if given or step.total < best["step"].total:
+            best = dict(group, step=step, softmax_chunks=span)
     return best
 
 
 def chosen(group: Dict) -> Dict:
     """What :func:`best_group` chose for a group: micro-batches, chunk
-    length, placement (as the tables report them)."""
-    return {key: group[key] for key in ("micro_batches", "chunk_length", "placement")}
+    length, attention-softmax cells' chunks, placement (as the tables
+    report them)."""
+    return {"micro_batches": group["micro_batches"], "chunk_length": group["chunk_length"],
+            "softmax_chunks": group.get("softmax_chunks", 1), "placement": group["placement"]}
 
 
 def uniform_batch(sentences: int, source: int, target: int):
@@ -192,7 +218,8 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
             if choices and k in choices:
                 given = choices[k]
                 memo[key] = best_group(model, cfg, k, group_cost, sample, [given["micro_batches"]],
-                                       [given["chunk_length"]], given["placement"], replica_copies)
+                                       [given["chunk_length"]], given["placement"], replica_copies,
+                                       [given.get("softmax_chunks", 1)])
             else:
                 memo[key] = best_group(model, cfg, k, group_cost, sample, micro_batch_counts, lengths,
                                        replica_copies=replica_copies)

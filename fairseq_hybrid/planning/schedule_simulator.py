@@ -428,14 +428,14 @@ def _no_loss(*args):
 
 def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk_length: int = 0,
               physical_devices: Optional[Sequence[int]] = None, transform=None,
-              replica_copies: bool = True, micro_batches: int = 1) -> StepTime:
+              replica_copies: bool = True, micro_batches: int = 1, softmax_chunks: int = 1) -> StepTime:
     """Predicted time of one step of ``model`` under ``plan``.  ``transform``:
     a function of the step's cells returning the cells to replay instead
     (``hybrid`` and ``model`` mode; for what-if analyses of dependencies).
     ``replica_copies=False``: the replicas' parameter and gradient copies
     cost nothing (a what-if: links that never hold up a cell).
-    ``micro_batches``: as ``--hybrid-micro-batches`` (hybrid and model
-    mode)."""
+    ``micro_batches``, ``softmax_chunks``: as ``--hybrid-micro-batches``
+    and ``--hybrid-softmax-chunks`` (hybrid and model mode)."""
     if plan.mode == "data":
         built = build_data_parallel_step(model, plan, net_input, target, _no_loss)
         single = DevicePlan([plan.devices[0]], [0] * len(plan.encoder), [0] * len(plan.decoder), "hybrid")
@@ -453,7 +453,7 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
         forward, backward = replay(built.step.cells, plan.size, cost, physical_devices, whole_model, copies or ())
     else:
         built = build_hybrid_step(model, plan, net_input, target, _no_loss, chunk_length,
-                                  micro_batches=micro_batches)
+                                  micro_batches=micro_batches, softmax_chunks=softmax_chunks)
         cells = transform(built.step.cells) if transform is not None else built.step.cells
         copies = replica_copies and _copies(built)
         forward, backward = replay(cells, plan.size, cost, physical_devices, copies=copies or ())
