@@ -29,6 +29,12 @@ the end one JSON file and one Markdown table (``--out``, default
               tensors through host memory over gloo; their kernels share
               the GPU (side by side only under CUDA MPS): such a run shows
               the host side, not what K GPUs would compute
+  cells       one LSTM cell and one attention-softmax cell of
+              hybrid_lstm_paper at 128 sentences as they run
+              (benchmarks/cell_trace.py): a torch.profiler trace of each,
+              forward and backward (kernels launched, host waits, copies,
+              host time per op), and the host time per cell call at that
+              size, which replaces the tiny model's in the cost file
   calibrate   what the predictions assume, measured, and written as a cost
               file (cost_file.json in --out) that fairseq-hybrid-plan and
               fair_race.py read with --cost-file: the host time per cell on
@@ -78,9 +84,9 @@ COST_FILE = "cost_file.json"  # what calibrate measured, as a cost set (fairseq_
 # latency) the cost file takes from this set: NVLink 3, the nearest of the named sets to an H100/H200 server's
 COST_BASE = "a100"
 FIXTURE = os.path.join(REPO, "tests", "data", "tatoeba_ja_en_2k")
-PHASES = ("exactness", "precision", "calibrate", "workers", "streams")
+PHASES = ("exactness", "precision", "calibrate", "cells", "workers", "streams")
 # seconds per phase; with the start of each child they fit BUDGET, the 8 minutes a lent GPU machine gives
-LIMITS = {"exactness": 75, "precision": 125, "calibrate": 120, "workers": 100, "streams": 60}
+LIMITS = {"exactness": 60, "precision": 115, "calibrate": 115, "cells": 45, "workers": 90, "streams": 55}
 BUDGET = 480
 CHUNK_SWEEP = ("0", "10", "2", "auto")
 MICRO_BATCH_SWEEP = (2, 4)  # a group of 4 at chunk length 0 with this many micro-batches
@@ -424,6 +430,31 @@ def phase_calibrate(args, result):
     result["ok"] = True
 
 
+def phase_cells(args, result):
+    """One LSTM cell and one attention-softmax cell as they run, at the
+    paper's size (``benchmarks/cell_trace.py``); their host time per call
+    replaces the tiny model's in calibrate's cost file (kept beside it as
+    ``host_cost_tiny``)."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import cell_trace
+
+    report = cell_trace.measure(args.device, max(2, args.steps // 2))
+    path = os.path.join(args.work, "cell_trace.json")
+    with open(path, "w") as file:
+        json.dump(report, file, indent=2)
+    print(cell_trace.markdown(report), flush=True)
+    result.update(trace=report["trace"]["cells"], host_rows=report["host_cost"]["rows"], report=path)
+    cost = os.path.join(args.work, COST_FILE)
+    if os.path.exists(cost):
+        data = json.load(open(cost))
+        data["host_cost_tiny"] = data.get("host_cost_tiny", data["host_cost"])
+        data["host_cost"] = report["host_cost"]
+        with open(cost, "w") as file:
+            json.dump(data, file, indent=2)
+        result["cost_file"] = cost
+    result["ok"] = True
+
+
 def lstm_seconds_per_step(device, hidden, batches, steps=25, repeats=5):
     """One LSTM layer's seconds per time step, forward and backward, at
     each batch (as DeepBench times it: hidden = input size, ``steps`` steps)."""
@@ -591,6 +622,11 @@ def markdown(report):
             what = (f"{result['shape']}: one device {result['one_device_tokens_per_s']:,.0f} tokens/s; "
                     f"{sweep['devices']} by chunk length: " +
                     ", ".join(f"{k} {v['vs_one_device']:.2f}x" for k, v in sweep["rows"].items()))
+        elif name == "cells" and "trace" in result:
+            cells = [f"{cell} {trace['host_us']:.0f} us, {trace['kernels_launched']} kernels, "
+                     f"{len(trace['host_waits'])} waits, {trace['copies_total']} copies"
+                     for cell, trace in result["trace"].items() if trace]
+            what = "; ".join(cells)
         elif name == "streams":
             waited = [run["devices"] for run in result.get("no_waits", []) if not run["ok"]]
             what = result.get("skipped") or (f"{result.get('races', '?')} race(s) reported over "
@@ -666,9 +702,9 @@ def main():
               f"in {report['phases'][name]['seconds']} s", flush=True)
     report["seconds"] = round(time.time() - started, 1)
     os.makedirs(args.out, exist_ok=True)
-    measured = os.path.join(args.work, COST_FILE)
-    if os.path.exists(measured):
-        shutil.copy(measured, os.path.join(args.out, COST_FILE))
+    measured, kept = os.path.join(args.work, COST_FILE), os.path.join(args.out, COST_FILE)
+    if os.path.exists(measured) and not (os.path.exists(kept) and os.path.samefile(measured, kept)):
+        shutil.copy(measured, kept)
     json.dump(report, open(os.path.join(args.out, "gpu_check.json"), "w"), indent=2)
     table = markdown(report)
     open(os.path.join(args.out, "gpu_check.md"), "w").write(table)

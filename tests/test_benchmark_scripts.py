@@ -138,7 +138,7 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     and the table are written."""
     out = tmp_path / "out"
     run(sys.executable, os.path.join(BENCHMARKS, "gpu_check.py"), "--device", "cpu", "--phases",
-        "precision,calibrate,workers,streams", "--updates", "2", "--steps", "2", "--out", out, "--work",
+        "precision,calibrate,cells,workers,streams", "--updates", "2", "--steps", "2", "--out", out, "--work",
         tmp_path / "work", timeout=600)
     report = json.load(open(out / "gpu_check.json"))
     runs = report["phases"]["precision"]["runs"]
@@ -162,7 +162,18 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     assert written["one_device_tokens_per_s"] == calibrate["one_device_tokens_per_s"]
     assert written["lstm"]["seconds_per_step"]["forward"] == [
         [int(batch), row["forward"]] for batch, row in calibrate["lstm_seconds_per_step"]["rows"].items()]
-    assert written["host_cost"]["rows"][0]["cell_us"] == calibrate["host_us_per_cell"]["K=1"]
+    # the cells phase: one LSTM and one attention-softmax cell traced, forward and backward, as the profiler
+    # saw them on the workers' threads; their size's host time per call replaces the tiny model's in the file
+    cells = report["phases"]["cells"]
+    assert cells["ok"], cells
+    assert set(cells["trace"]) == {f"{cell} chunk 0 ({phase})" for cell in ("decoder layer 1",
+                                                                           "attention-softmax shard 1")
+                                   for phase in ("forward", "backward")}
+    lstm = cells["trace"]["decoder layer 1 chunk 0 (forward)"]
+    assert "aten::mkldnn_rnn_layer" in lstm["top_ops_us"] and lstm["host_waits"] == [] and lstm["ops"] >= 10
+    assert written["host_cost"]["rows"] == cells["host_rows"] and [row["chunk_length"] for row in cells["host_rows"]] \
+        == [0, 8]
+    assert written["host_cost_tiny"]["rows"][0]["cell_us"] == calibrate["host_us_per_cell"]["K=1"]
     # the workers phase: threads and processes at K = 1 and 2, each device's host time per call, into the file
     workers = report["phases"]["workers"]
     assert workers["ok"], workers

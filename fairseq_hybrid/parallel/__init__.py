@@ -7,7 +7,7 @@ This face is what the rest of the package uses of it: the group
 of.  Neither reaches into the modules behind it.
 """
 
-from .cell_graph import Cell, CellTime, DeviceUsage, Work, record_cell_times
+from .cell_graph import Cell, CellTime, DeviceUsage, Work, labelled_cells, record_cell_times
 from .device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options, chunk_length_option,
                           default_placement, micro_batches_option, parse_devices, parse_placement,
                           placement_text, plan_table, softmax_chunks_option)
@@ -21,6 +21,6 @@ __all__ = [
     "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DeviceUsage", "DevicePlan", "DevicePlanError",
     "MODES", "ModelReplicas", "Work", "build_data_parallel_step", "build_hybrid_step", "build_plan",
     "check_options", "chunk_length_option", "clocks", "default_placement", "host_of", "keep_on_host",
-    "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text", "plan_table",
-    "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "time_chunks",
+    "labelled_cells", "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text",
+    "plan_table", "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "time_chunks",
 ]

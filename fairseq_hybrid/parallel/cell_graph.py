@@ -114,6 +114,31 @@ def record_cell_times() -> Iterator[List[CellTime]]:
         _traces.remove(trace)
 
 
+_labelled: List[bool] = []  # while non-empty, each cell's call is a profiler range named after it
+
+
+@contextmanager
+def labelled_cells() -> Iterator[None]:
+    """Inside the block every cell's forward and backward call is a
+    ``torch.profiler`` range, ``cell NAME (forward)`` / ``(backward)``, so
+    that a trace can be read cell by cell (off by default: a range costs
+    the host time being measured)."""
+    _labelled.append(True)
+    try:
+        yield
+    finally:
+        _labelled.pop()
+
+
+def _label(cell: "Cell", phase: str):
+    """The profiler range of ``cell``'s call, entered (None unless labelled)."""
+    if not _labelled:
+        return None
+    label = torch.autograd.profiler.record_function(f"cell {cell.name} ({phase})")
+    label.__enter__()
+    return label
+
+
 def _note(cell: "Cell", phase: str, start: float) -> None:
     if _traces:
         entry = CellTime(cell.name, cell.worker, phase, start, time.perf_counter(), cell.work)
@@ -228,11 +253,14 @@ class CellGraph:
         if worker is not None:
             worker.cell, worker.activity = cell.name, f"{cell.name} (forward)"
         previous = seeded_dropout.enter_cell(self.seed + index, device)
+        label = _label(cell, "forward")
         try:
             outputs = tuple(cell.run(*leaves))
         except torch.OutOfMemoryError as error:
             raise _out_of_memory(cell, "forward", device, error) from error
         finally:
+            if label is not None:
+                label.__exit__(None, None, None)
             seeded_dropout.leave_cell(previous)
             if worker is not None:
                 worker.cell = None
@@ -301,6 +329,7 @@ class CellGraph:
         if roots:
             if worker is not None:
                 worker.cell, worker.activity = cell.name, f"{cell.name} (backward)"
+            label = _label(cell, "backward")
             try:
                 # autograd's engine itself, as torch.autograd.backward calls it, less that
                 # function's checks of gradients made here of the outputs' own shapes
@@ -308,6 +337,8 @@ class CellGraph:
             except torch.OutOfMemoryError as error:
                 raise _out_of_memory(cell, "backward", device, error) from error
             finally:
+                if label is not None:
+                    label.__exit__(None, None, None)
                 if worker is not None:
                     worker.cell = None
         self.busy[cell.worker] += time.perf_counter() - start
