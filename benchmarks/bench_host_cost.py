@@ -90,11 +90,14 @@ def group_devices(k: int, device: str) -> str:
     return ",".join(f"cuda:{i % count}" for i in range(k))
 
 
+GROUP_OPTIONS: Dict[str, str] = {}  # the group's other options (--softmax-chunks), the model's defaults unless set
+
+
 def setup(k: int, chunk_length: int, sentences: int, length: int, device: str = "cpu"):
     dictionary = make_dictionary()
     torch.manual_seed(0)
     model = build_model("hybrid_lstm", dictionary, dictionary, **TINY, hybrid_devices=group_devices(k, device),
-                        hybrid_chunk_length=chunk_length).train()
+                        hybrid_chunk_length=chunk_length, **GROUP_OPTIONS).train()
     criterion = HybridCrossEntropyCriterion(StandInTask(dictionary, dictionary), False, 0.1)
     sample = make_sample(dictionary, dictionary, [length] * sentences, [length] * sentences)
     if device == "cuda":  # where fairseq puts a batch
@@ -135,7 +138,23 @@ def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int, 
         # the median: a shared host's pauses would pull a mean up
         "cell_us": {key: statistics.median(values) * 1e6 for key, values in sorted(per_kind.items())},
         "outside_cells_us_per_cell": outside * 1e6,
+        "profiled": profiled_step(model, criterion, sample),
     }
+
+
+def profiled_step(model, criterion, sample) -> Dict[str, float]:
+    """The second method: one step under ``torch.profiler`` on every
+    thread, its own account of the host's time in aten ops (each op's self
+    time, so nested ops count once) and how many ops ran, beside the
+    step's wall time under the profiler (which the profiler slows)."""
+    config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], experimental_config=config) as prof:
+        one_step(model, criterion, sample)
+    wall = time.perf_counter() - start
+    ops = [event for event in prof.events() if event.name.startswith("aten::")]
+    return {"ops": len(ops), "op_self_ms": sum(event.self_cpu_time_total for event in ops) / 1e3,
+            "step_ms": wall * 1e3}
 
 
 # the LSTM kernel ops as the dispatcher sees them on a CPU (oneDNN) and a GPU (cuDNN)
@@ -212,10 +231,13 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the workers on the GPUs at hand (the host time a GPU's host spends per cell)")
+    parser.add_argument("--softmax-chunks", help="the group's --hybrid-softmax-chunks (default: the model's)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU here")
+    if args.softmax_chunks is not None:
+        GROUP_OPTIONS["hybrid_softmax_chunks"] = args.softmax_chunks
     torch.set_num_threads(1)
     rows = []
     for k in (int(x) for x in args.groups.split(",")):
@@ -225,6 +247,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
     ops, kernel_share, top_ops = ops_per_cell(0, args.sentences, args.length, args.device)
     report = {"machine": platform.processor() or platform.machine(), "device": args.device,
+              "group_options": dict(GROUP_OPTIONS),
               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__,
               "cores": os.cpu_count(), "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops,
               "lstm_kernel_share_k1_whole": kernel_share, "top_ops_per_cell_k1_whole": top_ops, "rows": rows}

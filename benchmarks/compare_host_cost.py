@@ -42,7 +42,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("attention_softmax", "lstm")
@@ -59,13 +59,17 @@ def export(revision: str, folder: str) -> str:
     return folder
 
 
-def run_once(tree: str, k: int, steps: int) -> Dict:
-    """One run of ``tree``'s bench_host_cost.py at K workers, K chunks."""
+def run_once(tree: str, k: int, steps: int, chunk_length: int = 0, extra: Sequence[str] = (),
+             script_tree: str = "") -> Dict:
+    """One run of bench_host_cost.py (``script_tree``'s, default
+    ``tree``'s) on ``tree``'s package at K workers and ``chunk_length``
+    (0: K chunks), with ``extra`` arguments."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "host_cost.json")
         env = dict(os.environ, PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        subprocess.run([sys.executable, os.path.join(tree, "benchmarks", "bench_host_cost.py"), "--groups", str(k),
-                        "--chunk-lengths", "0", "--steps", str(steps), "--json", out],
+        script = os.path.join(script_tree or tree, "benchmarks", "bench_host_cost.py")
+        subprocess.run([sys.executable, script, "--groups", str(k),
+                        "--chunk-lengths", str(chunk_length), "--steps", str(steps), "--json", out, *extra],
                        env=env, check=True, stdout=subprocess.DEVNULL, cwd=tree)
         with open(out) as f:
             return json.load(f)
@@ -159,6 +163,11 @@ def main(argv=None) -> int:
     parser.add_argument("--suite-devices", type=int, default=2)
     parser.add_argument("--suite-rounds", type=int, default=3)
     parser.add_argument("--suite-batches", type=int, default=10)
+    parser.add_argument("--chunk-length", type=int, default=0, help="the groups' chunk length (0: K chunks)")
+    parser.add_argument("--new-args", default="", help="more arguments of bench_host_cost.py for the new "
+                        "checkout alone (its new options, e.g. '--softmax-chunks 0')")
+    parser.add_argument("--one-script", action="store_true", help="time both checkouts with the new checkout's "
+                        "bench_host_cost.py (one instrument; its profiler's count too)")
     parser.add_argument("--json")
     parser.add_argument("--reports", metavar="DIR", help="also write each checkout's medians as a bench_host_cost "
                         "report, DIR/host_cost_old.json and DIR/host_cost_new.json (for fair_race.py --host-cost)")
@@ -180,14 +189,18 @@ def main(argv=None) -> int:
 
 
 def compare(args, trees: Dict[str, str], old_name: str) -> None:
-    results = {"old": old_name, "trees": trees, "rounds": args.rounds, "steps": args.steps, "cores": os.cpu_count(), "groups": {}}
+    results = {"old": old_name, "trees": trees, "rounds": args.rounds, "steps": args.steps, "cores": os.cpu_count(),
+               "chunk_length": args.chunk_length, "new_args": args.new_args, "one_script": args.one_script,
+               "groups": {}}
+    extra = {"old": [], "new": args.new_args.split()}
+    script = trees["new"] if args.one_script else ""
     started = time.perf_counter()
     every_run: Dict[str, Dict[int, List[Dict]]] = {"old": {}, "new": {}}
     for k in (int(x) for x in args.groups.split(",")):
         runs: Dict[str, List[Dict]] = {"old": [], "new": []}
         for round_ in range(args.rounds):
             for name in ("old", "new"):
-                runs[name].append(run_once(trees[name], k, args.steps))
+                runs[name].append(run_once(trees[name], k, args.steps, args.chunk_length, extra[name], script))
             print(f"K={k} round {round_ + 1}/{args.rounds} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
                   flush=True)
         row = {}
@@ -203,16 +216,27 @@ def compare(args, trees: Dict[str, str], old_name: str) -> None:
                 "lstm_kernel_share": runs[name][0]["lstm_kernel_share_k1_whole"],
                 "cell_us": {key: statistics.median(report["rows"][0]["cell_us"][key] for report in runs[name])
                             for key in runs[name][0]["rows"][0]["cell_us"]},
+                "cells_per_step": runs[name][0]["rows"][0]["cells_per_step"],
             }
+            if "profiled" in runs[name][0]["rows"][0]:  # the profiler's own account (the script measures it)
+                row[name]["profiled"] = {key: statistics.median(report["rows"][0]["profiled"][key]
+                                                                for report in runs[name])
+                                         for key in runs[name][0]["rows"][0]["profiled"]}
         row["ratio"] = {kind: row["new"]["host_us"][kind] / row["old"]["host_us"][kind] for kind in KINDS}
         row["ratio"]["step"] = row["new"]["step_ms"] / row["old"]["step_ms"]
+        if "profiled" in row["old"] and "profiled" in row["new"]:
+            row["ratio"]["profiled_op_self"] = row["new"]["profiled"]["op_self_ms"] / row["old"]["profiled"]["op_self_ms"]
         results["groups"][str(k)] = row
         print(f"K={k}: " + ", ".join(
             f"{kind} {row['old']['host_us'][kind]:.0f} -> {row['new']['host_us'][kind]:.0f} us "
             f"({row['ratio'][kind]:.2f}x; ops {row['old']['ops_per_cell'].get(kind, 0):.0f} -> "
             f"{row['new']['ops_per_cell'].get(kind, 0):.0f})" for kind in KINDS)
-            + f", step {row['old']['step_ms']:.1f} -> {row['new']['step_ms']:.1f} ms ({row['ratio']['step']:.2f}x)",
-            flush=True)
+            + f", step {row['old']['step_ms']:.1f} -> {row['new']['step_ms']:.1f} ms ({row['ratio']['step']:.2f}x; "
+            f"cells {row['old']['cells_per_step']:.0f} -> {row['new']['cells_per_step']:.0f})"
+            + (f", profiler: host in aten ops {row['old']['profiled']['op_self_ms']:.1f} -> "
+               f"{row['new']['profiled']['op_self_ms']:.1f} ms a step ({row['ratio']['profiled_op_self']:.2f}x; ops "
+               f"{row['old']['profiled']['ops']:.0f} -> {row['new']['profiled']['ops']:.0f})"
+               if "profiled_op_self" in row["ratio"] else ""), flush=True)
     if args.reports:
         os.makedirs(args.reports, exist_ok=True)
         for name in ("old", "new"):

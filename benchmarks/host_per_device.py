@@ -59,7 +59,7 @@ def scaled(costs, factor: float):
     return of
 
 
-def table_of(model, cfg, costs_for, batches: List[int], gpus: int, progress) -> Dict:
+def table_of(model, cfg, costs_for, batches: List[int], gpus: int, progress, softmax_chunks=(1, 2, 4, 0)) -> Dict:
     """Every reading's group of ``gpus`` over one GPU and over DDP at each
     global batch, and the paper's measure."""
     rows = []
@@ -68,7 +68,8 @@ def table_of(model, cfg, costs_for, batches: List[int], gpus: int, progress) -> 
         row = {"reading": label, "host_model": host_model, "host_factor": factor, "batches": {}}
         memo: Dict = {}
         for sentences in batches:
-            priced = race(model, cfg, costs, gpus, sentences, SOURCE, TARGET, group_sizes=[gpus], memo=memo)
+            priced = race(model, cfg, costs, gpus, sentences, SOURCE, TARGET, group_sizes=[gpus], memo=memo,
+                          softmax_chunks=softmax_chunks)
             one, ddp, group = priced[0], priced[1], priced[-1]
             row["batches"][str(sentences)] = {"group_vs_one": group.speedup_over(one),
                                               "group_vs_ddp": ddp.step.total / group.step.total,
@@ -77,7 +78,8 @@ def table_of(model, cfg, costs_for, batches: List[int], gpus: int, progress) -> 
                      f"({ddp.step.total / group.step.total:.2f} of DDP)")
         # the paper's measure: per-sentence speed at 4 x 128 on 4 GPUs over one GPU at 128
         small = race(model, cfg, costs, 1, ONE_GPU_BATCH, SOURCE, TARGET)[0]
-        large = race(model, cfg, costs, gpus, gpus * ONE_GPU_BATCH, SOURCE, TARGET, group_sizes=[gpus], memo=memo)
+        large = race(model, cfg, costs, gpus, gpus * ONE_GPU_BATCH, SOURCE, TARGET, group_sizes=[gpus], memo=memo,
+                     softmax_chunks=softmax_chunks)
         per_sentence = small.step.total / ONE_GPU_BATCH
         row["paper_measure"] = {"group": gpus * ONE_GPU_BATCH * per_sentence / large[-1].step.total,
                                 "ddp": gpus * ONE_GPU_BATCH * per_sentence / large[1].step.total}
@@ -92,8 +94,9 @@ def markdown(report: Dict) -> str:
              f"`benchmarks/host_per_device.py`: one group of {report['gpus']} on {report['gpus']} GPUs at a fixed "
              f"global batch B of {SOURCE} + {TARGET}-token sentences ({report['model']}); tokens/s over one GPU at B, "
              "in brackets over DDP at B/4 per GPU.  The paper's measure: 4 GPUs at 4 x 128 against one GPU at 128, "
-             "per sentence.  One GPU and DDP keep one process's measured host.  Predicted: no two GPUs have run "
-             "this code.", ""]
+             "per sentence.  One GPU and DDP keep one process's measured host.  A group's attention-softmax cells "
+             f"take --hybrid-softmax-chunks among {', '.join(map(str, report.get('softmax_chunks', [1])))} "
+             "(the fastest; 0: all of a micro-batch's chunks).  Predicted: no two GPUs have run this code.", ""]
     for name, table in report["sets"].items():
         batches = list(table["rows"][0]["batches"])
         lines += [f"## {name}", "", "| host for the group | " + " | ".join(f"B = {b}" for b in batches)
@@ -122,7 +125,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=lambda text: [int(v) for v in names(text)], default=[64, 128, 256, 512])
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--vocabulary", type=int, default=32000)
-    parser.add_argument("--out", help="folder for host_per_device.json and .md")
+    parser.add_argument("--softmax-chunks", type=lambda text: [int(v) for v in names(text)], default=[1, 2, 4, 0],
+                        help="the --hybrid-softmax-chunks a group may take (default 1,2,4,0)")
+    parser.add_argument("--name", default="host_per_device", help="the reports' name in --out (.json, .md)")
+    parser.add_argument("--out", help="folder for the reports")
     args = parser.parse_args(argv)
     for name in args.sets:
         if name != "none" and name not in PUBLISHED_SETS:
@@ -134,7 +140,8 @@ def main(argv=None) -> int:
     def progress(text: str) -> None:
         print(f"[{time.time() - started:.0f} s] {text}", flush=True)
 
-    report: Dict = {"gpus": args.gpus, "model": "hybrid_lstm_paper", "sets": {}}
+    report: Dict = {"gpus": args.gpus, "model": "hybrid_lstm_paper", "softmax_chunks": args.softmax_chunks,
+                    "sets": {}}
     sets = {}
     if args.cost_file:
         measured = cost_file.register(args.cost_file)
@@ -145,11 +152,12 @@ def main(argv=None) -> int:
     for title, (name, path, tokens_per_s) in sets.items():
         def costs_for(host_model, name=name, path=path, tokens_per_s=tokens_per_s):
             return set_costs_of(name, model, cfg, reference, path, host_model, tokens_per_s)
-        report["sets"][title] = table_of(model, cfg, costs_for, args.batches, args.gpus, progress)
+        report["sets"][title] = table_of(model, cfg, costs_for, args.batches, args.gpus, progress,
+                                         args.softmax_chunks)
     text = markdown(report)
     print(text)
     if args.out:
-        write_report(report, os.path.join(args.out, "host_per_device.json"), text)
+        write_report(report, os.path.join(args.out, f"{args.name}.json"), text)
     return 0
 
 

@@ -113,3 +113,31 @@ def test_data_mode_keeps_the_replicas_gradients_off_the_masters_device_until_the
         peak = harness.memory.peak(0)
     # parameters + gradients + a shard's activations and output-layer gradient: under 4 models (6 when sent early)
     assert peak < 4 * whole, peak / whole
+
+
+def test_joined_attention_softmax_cells_hold_more_logits_at_once():
+    """--hybrid-softmax-chunks 0 runs a shard's whole target in one cell, so
+    the fused loss's logits cover up to --output-loss-chunk-rows rows at
+    once, where a cell per time chunk holds one chunk's: with a vocabulary
+    whose logits dominate, each device peaks higher (why 1 stays the
+    default; the planner weighs only time)."""
+    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    from fairseq_hybrid.harness.measuring import backward_step, on_device
+    from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
+
+    source, target = make_dictionary(40), make_dictionary(2000)
+    peaks = {}
+    for softmax_chunks in ("1", "0"):
+        with virtual_devices() as harness:
+            torch.manual_seed(0)
+            model = build_model("hybrid_lstm_tiny", source, target, hybrid_devices="cpu:0,cpu:1",
+                                hybrid_chunk_length=2, hybrid_softmax_chunks=softmax_chunks)
+            criterion = HybridCrossEntropyCriterion(StandInTask(source, target), False, 0.1)
+            sample = on_device(make_sample(source, target, [9] * 16, [10] * 16), "cpu:0")
+            backward_step(model, criterion, sample)
+            harness.memory.reset_peaks()
+            backward_step(model, criterion, sample)
+            peaks[softmax_chunks] = [harness.memory.peak(device) for device in (0, 1)]
+    # a shard's 8 sentences of 10 tokens and the end of sentence in one cell, against 2 time steps of them
+    extra_logits = (8 * 11 - 8 * 2) * len(target) * 4
+    assert all(joined - chunked > extra_logits / 2 for joined, chunked in zip(peaks["0"], peaks["1"])), peaks

@@ -173,7 +173,8 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
          micro_batch_counts: Sequence[int] = (1, 2, 4), lengths=None,
          group_sizes: Optional[Sequence[int]] = None, progress: Callable[[str], None] = lambda text: None,
          memo: Optional[Dict] = None, rank_cost: Optional[CostModel] = None,
-         replica_copies: bool = True, choices: Optional[Dict[int, Dict]] = None) -> List[Candidate]:
+         replica_copies: bool = True, choices: Optional[Dict[int, Dict]] = None,
+         softmax_chunks: Sequence[int] = SOFTMAX_CHUNK_COUNTS) -> List[Candidate]:
     """Every candidate on ``gpus`` GPUs at a global batch of
     ``global_sentences`` sentences of ``source`` + ``target`` tokens: one
     GPU at the whole batch (the reference), DDP at ``global_sentences /
@@ -191,7 +192,8 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
     size, the micro-batches, chunk length and placement to price as given
     (:func:`chosen`'s dict) instead of searching them (what
     ``fairseq-hybrid-plan --measure`` runs, priced again under a later
-    calibration)."""
+    calibration).  ``softmax_chunks``: the ``--hybrid-softmax-chunks`` a
+    group may take."""
     memo = {} if memo is None or choices else memo
     model_bytes = gradient_bytes(model)
     one_cost = costs(1)[1]
@@ -222,7 +224,7 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
                                        [given.get("softmax_chunks", 1)])
             else:
                 memo[key] = best_group(model, cfg, k, group_cost, sample, micro_batch_counts, lengths,
-                                       replica_copies=replica_copies)
+                                       replica_copies=replica_copies, softmax_chunks=softmax_chunks)
         group = memo[key]
         groups = gpus // k
         if groups == 1:
