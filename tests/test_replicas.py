@@ -101,3 +101,25 @@ def test_steps_without_backward_keep_one_read_event_per_source():
         replicas.reduce([1])
         assert not replicas.read
     assert harness.streams.races == []
+
+
+def test_every_lstm_of_a_replica_is_flattened_at_each_refresh(monkeypatch):
+    """A replica's parameters are fresh copies on another GPU, and a cuDNN
+    call whose weights are not one buffer copies them into one on every
+    call (``try_get_weight_buf`` in ``cudnn/RNN.cpp``): each refresh flattens
+    every LSTM in the replica once, the replica itself (a bidirectional
+    layer's direction) or the layers of a whole model (data mode)."""
+    flattened = []
+    monkeypatch.setattr(torch.nn.LSTM, "flatten_parameters", lambda self: flattened.append(self))
+
+    class TwoLayers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lower, self.upper = torch.nn.LSTM(3, 4), torch.nn.LSTM(4, 4)
+
+    replicas = Replicas(TwoLayers())
+    for step in ("first", "second"):
+        flattened.clear()  # (making the copy may flatten it too)
+        replica = replicas.on(1, torch.device("cpu"), step)
+        assert flattened == [replica.lower, replica.upper]
+    assert Replicas(torch.nn.LSTM(3, 4)).on(1, torch.device("cpu"), "step") is flattened[-1]

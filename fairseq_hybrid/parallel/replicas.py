@@ -114,8 +114,11 @@ class Replicas:
                         param.data = master.data
                 else:
                     param.data = arrive(master.data, device)
-        if isinstance(replica, nn.RNNBase):
-            replica.flatten_parameters()  # one cuDNN weight buffer again (a no-op on CPU)
+        for module in replica.modules():  # the replica itself, or a whole model's LSTM layers
+            if isinstance(module, nn.RNNBase):
+                # one cuDNN weight buffer again (a no-op on CPU): weights that are not one make
+                # cuDNN's call copy them into one every call (_cudnn_rnn's weight_buf)
+                module.flatten_parameters()
         replica.train(self.master.training)
         return replica
 
