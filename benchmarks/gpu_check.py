@@ -435,14 +435,10 @@ def phase_cells(args, result):
     paper's size (``benchmarks/cell_trace.py``); their host time per call
     replaces the tiny model's in calibrate's cost file (kept beside it as
     ``host_cost_tiny``)."""
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    import cell_trace
-
-    report = cell_trace.measure(args.device, max(2, args.steps // 2))
     path = os.path.join(args.work, "cell_trace.json")
-    with open(path, "w") as file:
-        json.dump(report, file, indent=2)
-    print(cell_trace.markdown(report), flush=True)
+    subprocess.check_call([sys.executable, os.path.join(REPO, "benchmarks", "cell_trace.py"), "--device",
+                           args.device, "--steps", str(max(2, args.steps // 2)), "--json", path])
+    report = json.load(open(path))
     result.update(trace=report["trace"]["cells"], host_rows=report["host_cost"]["rows"], report=path)
     cost = os.path.join(args.work, COST_FILE)
     if os.path.exists(cost):

@@ -126,8 +126,9 @@ def test_a_batch_only_on_a_device_is_read_back_once_and_caught(dictionaries):
 
 def test_only_a_non_blocking_copy_from_pinned_memory_is_queued():
     """As CUDA's ``copy_`` (``cuda/Copy.cu``): from pinned memory with
-    ``non_blocking`` the copy is queued; from pageable memory, without
-    ``non_blocking`` or back to the host, the host waits."""
+    ``non_blocking`` the copy is queued; from pageable memory, from a
+    strided pinned tensor, without ``non_blocking`` or back to the host,
+    the host waits."""
     with virtual_devices() as harness, thread_state.step_scope():
         pageable = torch.arange(6)
         pinned = pageable.pin_memory()
@@ -137,8 +138,10 @@ def test_only_a_non_blocking_copy_from_pinned_memory_is_queued():
         pageable.to("cpu:1", non_blocking=True)
         pinned.to("cpu:1")
         pinned.to("cpu:1", non_blocking=True).cpu()
+        pinned.view(2, 3).t().to("cpu:1", non_blocking=True)  # strided: through a pageable temporary
     assert [(sync.op, sync.device) for sync in harness.step_syncs] == [
-        ("host-to-device copy", 1), ("host-to-device copy", 1), ("device-to-host copy", 1)]
+        ("host-to-device copy", 1), ("host-to-device copy", 1), ("device-to-host copy", 1),
+        ("host-to-device copy", 1)]
 
 
 @pytest.mark.parametrize("softmax_chunks, options", [

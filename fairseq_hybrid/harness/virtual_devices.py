@@ -374,9 +374,10 @@ class _DeviceFunctions(TorchFunctionMode):
         source = self.harness.device_of(tensor)
         if source == destination and not copy:
             return tensor if dtype in (None, tensor.dtype) else tensor.to(dtype=dtype)
-        # CUDA queues a host-to-device copy only from pinned memory with non_blocking (cuda/Copy.cu);
-        # from pageable memory, or the other way, the host waits
-        queued = source is HOST and non_blocking and self.harness.is_pinned(tensor)
+        # CUDA queues a host-to-device copy only from pinned, contiguous memory with non_blocking
+        # (cuda/Copy.cu: a strided source is first made contiguous in pageable memory); from pageable
+        # memory, or the other way, the host waits
+        queued = source is HOST and non_blocking and self.harness.is_pinned(tensor) and tensor.is_contiguous()
         if (source is HOST) != (destination is HOST) and tensor.dim() > 0 and not queued:
             self.harness.record_sync("host-to-device copy" if source is HOST else "device-to-host copy",
                                      destination if source is HOST else source)

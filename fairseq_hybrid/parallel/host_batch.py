@@ -41,12 +41,16 @@ def queues_copies(devices: Iterable[torch.device]) -> bool:
 
 
 def pinned(tensor: Tensor, pin: bool = True) -> Tensor:
-    """``tensor`` in pinned host memory (itself where it is already, where
-    it is not a host tensor, or where ``pin`` is false: no device queues
-    copies)."""
-    if not pin or tensor.device.type != "cpu" or tensor.device.index is not None or tensor.is_pinned():
+    """``tensor`` in pinned host memory, contiguous (itself where it is
+    already, where it is not a host tensor, or where ``pin`` is false: no
+    device queues copies).  Contiguous, because a copy from a strided host
+    tensor goes through a contiguous temporary in pageable memory first
+    (``copy_requires_temporaries`` in ``cuda/Copy.cu``), which waits."""
+    if not pin or tensor.device.type != "cpu" or tensor.device.index is not None:
         return tensor
-    return tensor.pin_memory()
+    if tensor.is_pinned() and tensor.is_contiguous():
+        return tensor
+    return tensor.contiguous().pin_memory()
 
 
 def _tensors(sample) -> Dict[str, Tensor]:
