@@ -4,6 +4,7 @@ the scripts, never asserted by tests)."""
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -297,7 +298,12 @@ def test_plan_measure_check_smoke(binarized, tmp_path):
     assert [row["name"] for row in report["plan"]["rows"]] == ["one GPU", "DDP on 2", "one group of 2"]
     assert set(report["suite"]) == {"hybrid_lstm_base, 1 device, 2 threads", "data parallel across 2 gloo processes",
                                     "hybrid on 2 devices, placement and micro-batches auto"}
-    assert report["plan_picks"] in report["suite"] and isinstance(report["pick_within_suite_noise"], bool)
+    suite, picked, fastest = report["suite"], report["plan_picks"], report["suite_fastest"]
+    assert picked in suite and fastest == max(suite, key=lambda name: suite[name]["median"])
+    assert all(row["median"] == statistics.median(row["rounds"]) for row in suite.values())
+    # within the suite's noise: the pick is the fastest, or its best round reaches the fastest's worst
+    assert report["pick_within_suite_noise"] == (picked == fastest
+                                                 or suite[picked]["highest"] >= suite[fastest]["lowest"])
     assert "Predictions within 10% of the plan's own measurement" in open(f"{out}.md").read()
 
 

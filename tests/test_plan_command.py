@@ -5,6 +5,7 @@ status 2."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -68,6 +69,7 @@ def test_the_plan_reads_the_batch_shape_from_the_data(binarized, capsys):
         assert "--max-tokens 200 --distributed-world-size 2" in printed.out
 
 
+BASE = ["-", "--arch", "hybrid_lstm_base", "--batch-size", "8"]
 BAD = {
     "--gpus 0": (["--gpus", "0"], ["-", "--arch", "hybrid_lstm_base", "--batch-size", "8"], "--gpus 0: at least 1"),
     "unknown cost set": (["--gpus", "2", "--cost-set", "h100"], ["-", "--arch", "hybrid_lstm_base", "--batch-size", "8"],
@@ -82,17 +84,54 @@ BAD = {
                                   "fairseq-train refuses the command: unrecognized arguments: --bogus 3"),
     "a batch smaller than the GPUs": (["--gpus", "4"], ["-", "--arch", "hybrid_lstm_base", "--batch-size", "2"],
                                       "a global batch of 2 sentences cannot be split over 4 GPUs"),
+    "an empty command": (["--gpus", "2"], [], "the fairseq-train command after -- is empty"),
+    "no batch size": (["--gpus", "2"], ["-", "--arch", "hybrid_lstm_base"], "give --max-tokens or --batch-size"),
+    "micro-batches of 0": (["--gpus", "2", "--micro-batches", "1,0"], BASE, "'1,0': whole numbers of at least 1"),
+    "micro-batches not numbers": (["--gpus", "2", "--micro-batches", "some"], BASE,
+                                  "'some': comma-separated whole numbers"),
+    "one sentence length": (["--gpus", "2", "--sentence-length", "50"], BASE, "--sentence-length takes SOURCE,TARGET"),
+    "no batches": (["--gpus", "2", "--batches", "0"], BASE, "--batches 0 --rounds 3: at least 1 each"),
+    "no rounds": (["--gpus", "2", "--rounds", "0"], BASE, "--batches 50 --rounds 0: at least 1 each"),
+    "a speed below 0": (["--gpus", "2", "--one-device-tokens-per-s", "-5"], BASE,
+                        "--one-device-tokens-per-s must be above 0"),
+    "a missing host cost": (["--gpus", "2", "--host-cost", "nowhere.json"], BASE,
+                            "--host-cost nowhere.json: no such file"),
+    "a missing cost file": (["--gpus", "2", "--cost-file", "nowhere.json"], BASE, "--cost-file nowhere.json"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_gets_one_line_and_exit_status_2(case):
     own, train, message = BAD[case]
+    check_refused(own, train, message)
+
+
+def check_refused(own, train, message):
     result = subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), *own, "--", "fairseq-train", *train],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("fairseq-hybrid-plan: ") and message in lines[0], result.stderr
+
+
+def test_data_folders_it_cannot_draw_batches_from_are_refused(binarized, tmp_path):
+    """A folder with nothing in it, one with the dictionaries but no train
+    split, and a --max-tokens below a sentence's length: one line each,
+    never fairseq's traceback."""
+    empty, dictionaries = tmp_path / "empty", tmp_path / "dictionaries"
+    empty.mkdir()
+    dictionaries.mkdir()
+    for lang in ("ja", "en"):
+        shutil.copy(binarized / "bin" / f"dict.{lang}.txt", dictionaries)
+    pair = ["--source-lang", "ja", "--target-lang", "en"]
+    check_refused(["--gpus", "2"], [str(empty), "--arch", "hybrid_lstm_tiny", "--batch-size", "8"],
+                  f"{empty}: no language pair found")
+    check_refused(["--gpus", "2"], [str(empty), "--arch", "hybrid_lstm_tiny", "--batch-size", "8", *pair],
+                  f"{empty}: no dict.ja.txt")
+    check_refused(["--gpus", "2"], [str(dictionaries), "--arch", "hybrid_lstm_tiny", "--max-tokens", "400", *pair],
+                  f"{dictionaries}: no train split to draw batches from")
+    check_refused(["--gpus", "2"], [str(binarized / "bin"), "--arch", "hybrid_lstm_tiny", "--max-tokens", "1"],
+                  "fairseq's batch sampler refuses the command: Sentences lengths should not exceed max_tokens=1")
 
 
 def test_a_command_is_needed_after_the_double_dash():

@@ -6,6 +6,7 @@ commands it cannot time refused in one line with exit status 2."""
 
 import json
 import os
+import statistics
 import subprocess
 
 import pytest
@@ -78,7 +79,8 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
     assert len(result["calibrations"]) == 2 and result["calibrations"][0] == result["calibration"]
     assert result["calibrations"][1]["engine_seconds"] != result["calibration"]["engine_seconds"]  # measured again
     for row in result["rows"]:
-        assert row["measured_tokens_per_s"] > 0 and len(row["measured_rounds"]) == 2
+        assert row["measured_tokens_per_s"] == statistics.median(row["measured_rounds"])
+        assert len(row["measured_rounds"]) == 2 and min(row["measured_rounds"]) > 0
         assert row["predicted_rounds"][0] == row["tokens_per_s"]
         ratios = [value / price for value, price in zip(row["measured_rounds"], row["predicted_rounds"])]
         assert row["measured_vs_predicted"] == pytest.approx(sum(ratios) / 2)
@@ -134,20 +136,40 @@ def test_measure_runs_groups_under_ddp(binarized, tmp_path):
                       "--json", str(out), "--", "fairseq-train", str(binarized / "bin"), *TINY])
     assert code == 0
     rows = {row["name"]: row for row in json.loads(out.read_text())["rows"]}
-    assert rows["2 groups of 2 under DDP"]["measured_tokens_per_s"] > 0
+    ddp_groups = rows["2 groups of 2 under DDP"]
+    assert ddp_groups["measured_tokens_per_s"] == ddp_groups["measured_rounds"][0] > 0  # its one round
+    assert ddp_groups["measured_vs_predicted"] == pytest.approx(ddp_groups["measured_rounds"][0]
+                                                                / ddp_groups["predicted_rounds"][0])
     assert "one group of 4" not in rows  # hybrid_lstm_tiny: too few layers
 
 
 BAD = {
     "a device that is not there": (["--measure", "cuda:0"], ["-"], "cuda:0 is not there"),
     "not a device": (["--measure", "cpu,tpu"], ["-"], "'tpu' is not a device"),
-    "devices of two kinds": (["--measure", "cpu,meta"], ["-"], "meta: the plan measures on cpu or cuda devices"),
+    "a kind of device it cannot measure": (["--measure", "cpu,meta"], ["-"],
+                                           "meta: the plan measures on cpu or cuda devices"),
+    "devices of two kinds": (["--measure", "cpu,cuda:0"], ["-"], "cpu,cuda:0: all devices of one kind"),
+    "no devices named": (["--measure", " , "], ["-"], "name the devices, e.g. cpu,cpu"),
     "--gpus and --measure disagree": (["--gpus", "4", "--measure", "cpu,cpu"], ["-"],
                                       "--gpus 4 but --measure names 2 device(s)"),
     "no data to train on": (["--measure", "cpu,cpu"], ["-"], "--measure trains on the command's data"),
     "neither --gpus nor --measure": ([], ["-"], "--gpus N"),
     "a loss a group cannot run": (["--gpus", "2"], ["-", "--criterion", "nat_loss"], "--criterion nat_loss"),
 }
+
+
+def test_each_gpu_is_measured_once(monkeypatch):
+    """A GPU named twice is refused, on a machine with two (as devices_of
+    sees it), and an index is taken from the position where none is given."""
+    from fairseq_hybrid.commands.plan_measure import devices_of
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="cuda:1,cuda:1: each GPU once"):
+        devices_of("cuda:1,cuda:1", None, ValueError)
+    assert devices_of("cuda,cuda", 2, ValueError) == ["cuda:0", "cuda:1"]
+    with pytest.raises(ValueError, match="cuda:2 is not there \\(this machine has 2"):
+        devices_of("cuda:0,cuda:2", None, ValueError)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import BIN, USER_DIR, alive, run
+import fairseq_hybrid
 from fairseq_hybrid.commands.train import parse, process_arguments, torchrun_command
 
 TINY = ["--arch", "hybrid_lstm_tiny", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
@@ -49,7 +50,9 @@ def test_launcher_supplies_the_distributed_flags():
     text = " ".join(cpu)
     assert "--hybrid-devices cpu,cpu" in text and "--cpu" in cpu and "--distributed-backend gloo" in text
     assert "--distributed-world-size 4 --distributed-rank 3" in text and "--ddp-backend legacy_ddp" in text
-    assert f"--user-dir {USER_DIR}" in text
+    # the package itself, which fairseq imports as the user dir (a folder inside it would be imported as a
+    # top-level module of its own, and recorded so in checkpoints)
+    assert cpu[cpu.index("--user-dir") + 1] == os.path.dirname(os.path.abspath(fairseq_hybrid.__file__))
     gpu = " ".join(process_arguments("cuda", 2, ["data"], env))
     assert "--hybrid-devices cuda:2,cuda:3" in gpu and "--device-id 2" in gpu and "nccl" in gpu
 

@@ -171,8 +171,16 @@ def vocabulary_sizes(args, data: Optional[str], default: int) -> Tuple[int, int]
         return default, default
     from fairseq.data import Dictionary
 
+    pair = (args.source_lang, args.target_lang)
+    if not all(pair):  # as fairseq's translation task infers them: from the split files' names
+        from fairseq.data.data_utils import infer_language_pair
+
+        pair = infer_language_pair(data)
+        if not all(pair):
+            raise PlanError(f"{data}: no language pair found (no SPLIT.SRC-TGT files): give --source-lang and "
+                            "--target-lang, or a folder fairseq-preprocess wrote")
     sizes = []
-    for lang in (args.source_lang, args.target_lang):
+    for lang in pair:
         path = os.path.join(data, f"dict.{lang}.txt")
         if not os.path.exists(path):
             raise PlanError(f"{data}: no dict.{lang}.txt (a folder fairseq-preprocess wrote, with "
@@ -193,7 +201,10 @@ def data_shape(args, count: int) -> Tuple[float, float, float, int]:
 
     cfg = quietly(convert_namespace_to_omegaconf, args)
     task = tasks.setup_task(cfg.task)
-    task.load_dataset(cfg.dataset.train_subset)
+    try:
+        task.load_dataset(cfg.dataset.train_subset)
+    except FileNotFoundError as error:  # fairseq's "Dataset not found: train (...)"
+        raise PlanError(f"{args.data}: no {cfg.dataset.train_subset} split to draw batches from ({error})") from error
     try:
         drawn = command_batches(task, args.max_tokens, args.batch_size, count, subset=cfg.dataset.train_subset)
     except AssertionError as error:  # fairseq's sampler: a sentence longer than --max-tokens (fairseq-train too)

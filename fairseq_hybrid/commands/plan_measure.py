@@ -54,23 +54,23 @@ def devices_of(text: str, gpus: Optional[int], error: Callable[[str], Exception]
     devices = [device.strip() for device in text.split(",") if device.strip()]
     if not devices:
         raise error(f"--measure {text!r}: name the devices, e.g. cpu,cpu or cuda:0,cuda:1")
-    kinds = set()
-    for index, device in enumerate(devices):
+    parsed = []
+    for device in devices:
         try:
-            parsed = torch.device(device)
+            parsed.append(torch.device(device))
         except RuntimeError:
             raise error(f"--measure: {device!r} is not a device (cpu or cuda:N)") from None
-        kinds.add(parsed.type)
-        if parsed.type == "cuda":
-            there = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            number = parsed.index if parsed.index is not None else index
-            if number >= there:
-                raise error(f"--measure: {device} is not there (this machine has {there} CUDA device(s))")
-            devices[index] = f"cuda:{number}"
-        elif parsed.type != "cpu":
+        if parsed[-1].type not in ("cpu", "cuda"):
             raise error(f"--measure: {device}: the plan measures on cpu or cuda devices")
-    if len(kinds) > 1:
+    if len({device.type for device in parsed}) > 1:
         raise error(f"--measure {text}: all devices of one kind (cpu or cuda)")
+    for index, (device, name) in enumerate(zip(parsed, devices)):
+        if device.type == "cuda":
+            there = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            number = device.index if device.index is not None else index
+            if number >= there:
+                raise error(f"--measure: {name} is not there (this machine has {there} CUDA device(s))")
+            devices[index] = f"cuda:{number}"
     if devices[0].startswith("cuda") and len(set(devices)) < len(devices):
         raise error(f"--measure {text}: each GPU once")
     if gpus is not None and gpus != len(devices):

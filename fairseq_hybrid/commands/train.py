@@ -32,7 +32,8 @@ from typing import List, Optional
 
 from . import liveness
 
-USER_DIR = os.path.dirname(os.path.abspath(__file__))
+# the package's folder: fairseq imports it as --user-dir (and checkpoints record it)
+USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # fairseq-train options the launcher sets; giving them too is an error.
 OWNED = (
