@@ -225,7 +225,8 @@ def compare(args, trees: Dict[str, str], old_name: str) -> None:
         row["ratio"] = {kind: row["new"]["host_us"][kind] / row["old"]["host_us"][kind] for kind in KINDS}
         row["ratio"]["step"] = row["new"]["step_ms"] / row["old"]["step_ms"]
         if "profiled" in row["old"] and "profiled" in row["new"]:
-            row["ratio"]["profiled_op_self"] = row["new"]["profiled"]["op_self_ms"] / row["old"]["profiled"]["op_self_ms"]
+            row["ratio"]["profiled_op_self"] = (row["new"]["profiled"]["op_self_ms"]
+                                                / row["old"]["profiled"]["op_self_ms"])
         results["groups"][str(k)] = row
         print(f"K={k}: " + ", ".join(
             f"{kind} {row['old']['host_us'][kind]:.0f} -> {row['new']['host_us'][kind]:.0f} us "

@@ -7,7 +7,7 @@ attention-softmax cell of ``bench_host_cost.py``'s tiny model (hidden size
 8, 40 words, 8 sentences of 32 tokens: the arithmetic is negligible) in
 its two forms: the modules under autograd (``AttentionSoftmax.features``
 then the fused loss) and the fused cell (one autograd node,
-:mod:`fairseq_hybrid.criterions.attention_softmax_loss`), each eager and
+:mod:`fairseq_hybrid.kernels.attention_softmax_loss`), each eager and
 compiled (``torch.compile``, inductor, CPU), forward and backward, and
 reports per call the median of ``--repeats`` timings, the seconds the first
 call took to compile, and the seconds a second batch shape took (a
@@ -30,8 +30,8 @@ from typing import Callable, Dict
 
 import torch
 
-from fairseq_hybrid.criterions.attention_softmax_loss import LabelSmoothedLoss, attention_softmax_loss
-from fairseq_hybrid.criterions.fused_output_loss import kept_targets
+from fairseq_hybrid.kernels.attention_softmax_loss import LabelSmoothedLoss, attention_softmax_loss
+from fairseq_hybrid.kernels.fused_output_loss import kept_targets
 from fairseq_hybrid.models.attention_softmax import AttentionSoftmax
 
 PAD = 1

@@ -5,12 +5,12 @@ followed by the fused loss, under autograd."""
 import pytest
 import torch
 
-from fairseq_hybrid.criterions.attention_softmax_loss import (
+from fairseq_hybrid.kernels.attention_softmax_loss import (
     LabelSmoothedLoss,
     attention_softmax_loss,
     fused_cell_applies,
 )
-from fairseq_hybrid.criterions.fused_output_loss import GradientSink, kept_targets, row_chunks
+from fairseq_hybrid.kernels.fused_output_loss import GradientSink, kept_targets, row_chunks
 from fairseq_hybrid.models.attention_softmax import AttentionSoftmax
 from fairseq_hybrid.parallel.seeded_dropout import cell_generator, given_masks
 
@@ -109,11 +109,11 @@ def test_a_group_runs_its_attention_softmax_cells_fused(dictionaries, monkeypatc
     exactness suite then checks the step it computes)."""
     from conftest import StandInTask, build_model, make_sample
     from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-    from fairseq_hybrid.parallel import step_cells
+    from fairseq_hybrid.models import attention_softmax
 
     calls = []
-    real = step_cells.attention_softmax_loss
-    monkeypatch.setattr(step_cells, "attention_softmax_loss", lambda *args: calls.append(1) or real(*args))
+    real = attention_softmax.attention_softmax_loss
+    monkeypatch.setattr(attention_softmax, "attention_softmax_loss", lambda *args: calls.append(1) or real(*args))
     src_dict, tgt_dict = dictionaries
     model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, hybrid_devices="cpu,cpu")
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)

@@ -9,7 +9,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 
 from conftest import StandInTask, build_model, make_sample
-from fairseq_hybrid.criterions.fused_output_loss import GradientSink, fused_linear_label_smoothed_ce
+from fairseq_hybrid.kernels.fused_output_loss import GradientSink, fused_linear_label_smoothed_ce
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 
 

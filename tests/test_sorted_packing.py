@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from fairseq_hybrid.sorted_packing import pack_sorted, sorted_layout, unpack_sorted
+from fairseq_hybrid.kernels.sorted_packing import pack_sorted, sorted_layout, unpack_sorted
 
 
 @pytest.mark.parametrize("lengths,width", [([5, 5, 3, 1], 5), ([7, 2, 2], 9), ([1], 1), ([4, 4, 4], 4)])

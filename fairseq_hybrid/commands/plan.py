@@ -61,7 +61,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NO_DATA = "-"  # the data folder in a command planned without data
 # the options the printed command sets itself: the batch, the GPUs, the group's choices
 REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
-                    "--hybrid-softmax-chunks", "--update-freq", "--max-tokens", "--batch-size", "--distributed-world-size")
+                    "--hybrid-softmax-chunks", "--update-freq", "--max-tokens", "--batch-size",
+                    "--distributed-world-size")
 # criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
 # group runs its cells through it, and on one device and under DDP its fused output layer is faster, so every
 # candidate is timed and printed with it in their place

@@ -7,7 +7,7 @@ only the loss of one batch shard (from the attentional features and the
 output projection, summed) and the model decides where the attention-softmax
 part runs: on one device as one shard, or split along the batch across
 devices by the hybrid engine.  By default the output projection and the loss
-are fused (:mod:`.fused_output_loss`), so the logits are never stored;
+are fused (:mod:`fairseq_hybrid.kernels.fused_output_loss`), so the logits are never stored;
 ``--output-loss-chunk-rows 0`` computes them in full and applies fairseq's
 own ``label_smoothed_nll_loss``.  Logging outputs and metrics are exactly
 those of ``label_smoothed_cross_entropy``.
@@ -27,8 +27,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from torch import Tensor
 
-from .attention_softmax_loss import LabelSmoothedLoss
-from .fused_output_loss import GradientSink, KeptTargets
+from ..kernels.attention_softmax_loss import LabelSmoothedLoss
+from ..kernels.fused_output_loss import GradientSink, KeptTargets
 
 
 @dataclass
@@ -51,7 +51,7 @@ class HybridCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             raise ValueError(f"--output-loss-chunk-rows must be >= 0, got {output_loss_chunk_rows}")
         self.chunk_rows = output_loss_chunk_rows
         # what a hybrid group's attention-softmax cells call (they compute it
-        # themselves where they can, :mod:`.attention_softmax_loss`)
+        # themselves where they can, :mod:`fairseq_hybrid.kernels.attention_softmax_loss`)
         self.fused_loss = LabelSmoothedLoss(self.eps, self.padding_idx, output_loss_chunk_rows,
                                             self.report_accuracy) if output_loss_chunk_rows > 0 else None
 

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..kernels.attention_softmax_loss import LabelSmoothedLoss, attention_softmax_loss, fused_cell_applies
 from ..parallel.seeded_dropout import SeededDropout
 
 ATTENTION_TYPES = ("dot", "general", "mlp")
@@ -118,6 +119,20 @@ class AttentionSoftmax(nn.Module):
         context, weights = self.attention(decoder_states, encoder_states, encoder_padding_mask)
         attentional = torch.tanh(self.attentional(torch.cat([context, decoder_states], dim=-1)))
         return self.dropout(attentional), weights
+
+    def loss_sums(self, decoder_states: Tensor, encoder_states: Tensor, encoder_padding_mask: Optional[Tensor],
+                  target: Tensor, kept, shard_loss, sink) -> Tuple[Tensor, ...]:
+        """The summed loss terms of one piece of a batch (a group's
+        attention-softmax cell): the fused cell, one autograd node
+        (:mod:`fairseq_hybrid.kernels.attention_softmax_loss`), where it
+        computes ``shard_loss`` for this call; else the features and
+        ``shard_loss`` on them.  ``kept``: the target positions that count;
+        ``sink``: where the output layer's gradient is summed."""
+        if isinstance(shard_loss, LabelSmoothedLoss) and fused_cell_applies(self, decoder_states):
+            return attention_softmax_loss(self, decoder_states, encoder_states, encoder_padding_mask, kept,
+                                          shard_loss, sink)
+        features, _ = self.features(decoder_states, encoder_states, encoder_padding_mask)
+        return shard_loss(features, self.output_weight, self.output_bias, target, kept, sink)
 
     def forward(
         self, decoder_states: Tensor, encoder_states: Tensor, encoder_padding_mask: Optional[Tensor]

@@ -173,7 +173,7 @@ class HybridLSTMDecoder(FairseqIncrementalDecoder):
 # B' x T x D, output weight V x D, output bias V, target B' x T) -> tuple of
 # summed scalars.  Sums add up across shards.  A hybrid group's cells also
 # pass the positions that count and their device's gradient sink
-# (criterions/fused_output_loss.py).
+# (kernels/fused_output_loss.py).
 ShardLoss = Callable[..., Tuple[Tensor, ...]]
 
 

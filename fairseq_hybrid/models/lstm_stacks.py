@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..parallel.seeded_dropout import SeededDropout
-from ..sorted_packing import PackedLayout, chunk_lengths, sorted_layout, unpack_sorted
+from ..kernels.sorted_packing import PackedLayout, chunk_lengths, sorted_layout, unpack_sorted
 
 LSTM_PARAMETERS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
 

@@ -142,8 +142,8 @@ class StageProcesses:
         seed = int(torch.randint(0, 1 << 62, ()).item()) if grad_enabled else 0
         step = {"net_input": {key: host_of(value) for key, value in net_input.items() if torch.is_tensor(value)},
                 "target": host_of(target), "shard_loss": shard_loss, "chunk_length": chunk_length,
-                "micro_batches": micro_batches, "softmax_chunks": softmax_chunks, "masks": masks, "seed": seed, "grad_enabled": grad_enabled,
-                "autocast": capture().autocast, "training": self.model.training}
+                "micro_batches": micro_batches, "softmax_chunks": softmax_chunks, "masks": masks, "seed": seed,
+                "grad_enabled": grad_enabled, "autocast": capture().autocast, "training": self.model.training}
         try:
             message = pickle.dumps(("forward", step))
         except (pickle.PicklingError, TypeError, AttributeError) as error:

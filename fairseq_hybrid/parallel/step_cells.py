@@ -44,9 +44,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..criterions.attention_softmax_loss import LabelSmoothedLoss, attention_softmax_loss, fused_cell_applies
-from ..criterions.fused_output_loss import GradientSink, KeptTargets, kept_targets
-from ..sorted_packing import PackedLayout, chunk_lengths, sorted_layout
+from ..kernels.fused_output_loss import GradientSink, KeptTargets, kept_targets
+from ..kernels.sorted_packing import PackedLayout, chunk_lengths, sorted_layout
 from .batch_rows import batch_slices, step_rows
 from .cell_graph import Cell, DeviceUsage, Work, run_cells
 from .device_plan import DevicePlan
@@ -470,14 +469,11 @@ def _add_attention_softmax(step: StepBuilder, batch: _Batch, shard_loss, encoder
         for g, (group, span) in enumerate(zip(batch.softmax_groups, batch.softmax_spans)):
             def run_shard(*args, worker=worker, k=k, g=g, device=device):
                 states, encoder_states = _join(args[:-1], chunked=True), args[-1]  # the group's chunks joined
-                # The replica is brought up to date on its own worker (on its stream).
+                # The replica is brought up to date on its own worker (on its stream); the model's part
+                # computes its piece of the loss (fused where it can)
                 replica = part if worker == master_worker else replicas.on(worker, device, step)
-                if isinstance(shard_loss, LabelSmoothedLoss) and fused_cell_applies(replica, states):
-                    return attention_softmax_loss(replica, states, encoder_states, batch.padding_masks[k],
-                                                  batch.kept[k][g], shard_loss, sinks[worker])
-                features, _ = replica.features(states, encoder_states, batch.padding_masks[k])
-                return shard_loss(features, replica.output_weight, replica.output_bias, batch.targets[k][g],
-                                  batch.kept[k][g], sinks[worker])
+                return replica.loss_sums(states, encoder_states, batch.padding_masks[k], batch.targets[k][g],
+                                         batch.kept[k][g], shard_loss, sinks[worker])
 
             inputs = [step.ref(decoder_chunks[c], shard) for c in group] + [step.ref(encoder_shards, shard)]
             work = Work("attention_softmax", (rows.stop - rows.start) * (span.stop - span.start),
