@@ -36,9 +36,9 @@ From the schedule simulator replaying the engine's own cells
    its published DDP speed-up: the calibration of DDP's prediction.
 
 An LSTM cell of fewer sentences than 128 runs at the lower throughput a
-GPU reaches there (``fairseq_hybrid/planning/lstm_batch_efficiency.json``,
+GPU reaches there (``fairseq_hybrid/forecasts/lstm_batch_efficiency.json``,
 from DeepBench): micro-batches are not free.  The host time per cell is
-read two ways (``--host-models``, ``fairseq_hybrid/planning/gpu_costs.py``):
+read two ways (``--host-models``, ``fairseq_hybrid/forecasts/gpu_costs.py``):
 queued ahead of the devices by one host that the group's worker threads
 share (the GIL), and summed with each cell's device time (pessimistic).
 
@@ -47,7 +47,7 @@ share (the GIL), and summed with each cell's device time (pessimistic).
 
 5. the race at a fixed global batch (the global batch a user keeps as GPUs
    are added): one GPU, DDP, one group, groups under DDP, through
-   ``fairseq_hybrid.planning.race`` (what ``fairseq-hybrid-plan``
+   ``fairseq_hybrid.forecasts.race`` (what ``fairseq-hybrid-plan``
    predicts with), and at scale; drawn as a map of the regimes.
 
 Writes fair_race.json, fair_race.md and fair_race_map.png into --out
@@ -69,14 +69,14 @@ from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import build_hybrid_step, build_plan
 from fairseq_hybrid.parallel.batch_rows import batch_slices
-from fairseq_hybrid.planning import cost_file
-from fairseq_hybrid.planning.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
+from fairseq_hybrid.forecasts import cost_file
+from fairseq_hybrid.forecasts.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
                                                        owned_bytes, speedup)
-from fairseq_hybrid.planning.gpu_costs import (GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S, HOST_MODELS,
+from fairseq_hybrid.forecasts.gpu_costs import (GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S, HOST_MODELS,
                                                MLPERF_GNMT_V100, PUBLISHED_SETS, STEP_US, best_chunk_length,
                                                flat_past_reference, predicted_step, set_costs, set_rate,
                                                set_tokens_per_s)
-from fairseq_hybrid.planning.race import best_group, chosen, race, searched, set_costs_of, uniform_batch
+from fairseq_hybrid.forecasts.race import best_group, chosen, race, searched, set_costs_of, uniform_batch
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 
@@ -175,7 +175,7 @@ GLOBAL_SETS = PUBLISHED_SETS  # each at its published one-GPU tokens/s (gpu_cost
 
 
 def global_batch_table(args) -> Dict:
-    """The race at a fixed global batch (:func:`fairseq_hybrid.planning.race.race`,
+    """The race at a fixed global batch (:func:`fairseq_hybrid.forecasts.race.race`,
     the one code path ``fairseq-hybrid-plan`` predicts with): on K GPUs
     (``--global-gpus``) each global batch B of ``--global-batches`` that
     leaves DDP at most 128 sentences per GPU and at least 16 (B/K each,

@@ -79,7 +79,7 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 # (installed with --target) without its console scripts beside the interpreter
 FAIRSEQ_PREPROCESS = [sys.executable, "-m", "fairseq_cli.preprocess"]
 FAIRSEQ_TRAIN = [sys.executable, "-m", "fairseq_cli.train"]
-COST_FILE = "cost_file.json"  # what calibrate measured, as a cost set (fairseq_hybrid.planning.cost_file)
+COST_FILE = "cost_file.json"  # what calibrate measured, as a cost set (fairseq_hybrid.forecasts.cost_file)
 # what one GPU cannot measure (the link between GPUs, the step's time outside the cells, an LSTM time step's
 # latency) the cost file takes from this set: NVLink 3, the nearest of the named sets to an H100/H200 server's
 COST_BASE = "a100"
@@ -374,7 +374,7 @@ def phase_workers(args, result):
 
 def phase_calibrate(args, result):
     """What the predictions assume, measured where they would run, and
-    written as a cost file (``COST_FILE``; ``fairseq_hybrid.planning.cost_file``)
+    written as a cost file (``COST_FILE``; ``fairseq_hybrid.forecasts.cost_file``)
     that ``fairseq-hybrid-plan --cost-file`` and ``fair_race.py --cost-file``
     price with: the host time per cell, an LSTM layer's time per step by
     batch, one device's tokens/s.  Then the measured side of the
@@ -382,7 +382,7 @@ def phase_calibrate(args, result):
     smoke run at tiny sizes (the figures then say nothing of a GPU)."""
     import torch
 
-    from fairseq_hybrid.planning import cost_file
+    from fairseq_hybrid.forecasts import cost_file
 
     cuda = args.device == "cuda"
     count = torch.cuda.device_count() if cuda else 0

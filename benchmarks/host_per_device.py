@@ -10,7 +10,7 @@ of one process each, whatever the row):
 * ``per-device, a third``: the same at a third of the host time per call;
 * ``free``: no host time at all (the ceiling).
 
-Each row is the race (:func:`fairseq_hybrid.planning.race.race`) at a
+Each row is the race (:func:`fairseq_hybrid.forecasts.race.race`) at a
 global batch B of 50 + 50-token sentences: tokens/s over one GPU at B, and
 over DDP at B/4 per GPU; then the paper's measure, 4 GPUs at 4 times one
 GPU's batch against one GPU at its own (B = 4 x 128 against 128): per
@@ -32,9 +32,9 @@ import time
 from typing import Dict, List
 
 from fairseq_hybrid.harness.measuring import write_report
-from fairseq_hybrid.planning import cost_file
-from fairseq_hybrid.planning.gpu_costs import PUBLISHED_SETS, set_tokens_per_s
-from fairseq_hybrid.planning.race import race, set_costs_of, uniform_batch
+from fairseq_hybrid.forecasts import cost_file
+from fairseq_hybrid.forecasts.gpu_costs import PUBLISHED_SETS, set_tokens_per_s
+from fairseq_hybrid.forecasts.race import race, set_costs_of, uniform_batch
 from fairseq_hybrid.planning.twin_model import twin_model
 
 SOURCE = TARGET = 50

@@ -7,7 +7,7 @@ sentences of 50 + 50 tokens per GPU (DDP) or per group (the group's modes).
 The schedule simulator replays the engine's own cells
 (``fairseq_hybrid/planning/schedule_simulator.py``); DDP is one device's
 step with a bucketed ring all-reduce overlapped with backward
-(``fairseq_hybrid/planning/data_parallel_cost.py``).  Two assumption sets:
+(``fairseq_hybrid/forecasts/data_parallel_cost.py``).  Two assumption sets:
 
 * ``p100``: the simulator's defaults (9.3 TFLOP/s fp32 at 50%, 20 us per
   LSTM time step forward and 40 backward, 5 ms per step outside the cells,
@@ -37,7 +37,7 @@ pessimistic end; the host table shows both.
 
 Both price an LSTM cell of fewer than 128 sentences at the lower
 throughput a GPU reaches there (Baidu DeepBench's V100 LSTM,
-``fairseq_hybrid/planning/lstm_batch_efficiency.json``).
+``fairseq_hybrid/forecasts/lstm_batch_efficiency.json``).
 
 The dependency bound beside each figure is the same replay where every
 floating-point operation costs the same and nothing else costs anything.
@@ -60,9 +60,9 @@ from typing import Dict, List
 
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.parallel import Cell
-from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes, speedup
+from fairseq_hybrid.forecasts.data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes, speedup
 from fairseq_hybrid.planning.twin_model import batch, twin_model
-from fairseq_hybrid.planning.gpu_costs import (GNMT_A100_TOKENS_PER_S, HOST_MODELS, STEP_US, best_chunk_length,
+from fairseq_hybrid.forecasts.gpu_costs import (GNMT_A100_TOKENS_PER_S, HOST_MODELS, STEP_US, best_chunk_length,
                                                cost_set, group_host, host_fixed, predicted_step, rate_of, set_costs,
                                                set_rate)
 from fairseq_hybrid.planning.schedule_simulator import CostModel

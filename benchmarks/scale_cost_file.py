@@ -24,7 +24,7 @@ import json
 import sys
 from typing import Dict
 
-from fairseq_hybrid.planning import cost_file
+from fairseq_hybrid.forecasts import cost_file
 
 KINDS = ("attention_softmax", "lstm")
 

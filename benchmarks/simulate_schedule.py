@@ -34,7 +34,7 @@ from fairseq_hybrid.harness.measuring import batches, build, preset_args, suite_
 from fairseq_hybrid.parallel import AUTO, build_plan
 from fairseq_hybrid.planning.chunk_choice import ChunkLengthChooser
 from fairseq_hybrid.planning.cpu_calibration import fitted_cost
-from fairseq_hybrid.planning.gpu_costs import KINDS, PHASES, gpu_cost_model, predicted_step
+from fairseq_hybrid.forecasts.gpu_costs import KINDS, PHASES, gpu_cost_model, predicted_step
 from fairseq_hybrid.planning.placement_search import best_placement
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 from fairseq_hybrid.planning.schedule_simulator import CostModel

@@ -157,7 +157,7 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     assert report["seconds"] <= report["budget"] == 480
     assert all(row["tokens_per_s"] > 0 for row in calibrate["chunk_sweep"]["rows"].values())
     assert "| calibrate | yes |" in open(out / "gpu_check.md").read()
-    from fairseq_hybrid.planning import cost_file  # what it measured, as a cost set the planner reads
+    from fairseq_hybrid.forecasts import cost_file  # what it measured, as a cost set the planner reads
 
     written = cost_file.load(str(out / "cost_file.json"))
     assert written["one_device_tokens_per_s"] == calibrate["one_device_tokens_per_s"]

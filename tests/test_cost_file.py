@@ -8,8 +8,8 @@ import json
 import pytest
 
 from fairseq_hybrid.commands import plan
-from fairseq_hybrid.planning import cost_file, gpu_costs
-from fairseq_hybrid.planning.gpu_costs import GNMT_A100_TOKENS_PER_S, lstm_batch_curve
+from fairseq_hybrid.forecasts import cost_file, gpu_costs
+from fairseq_hybrid.forecasts.gpu_costs import GNMT_A100_TOKENS_PER_S, lstm_batch_curve
 
 COMMAND = ["--", "fairseq-train", "-", "--arch", "hybrid_lstm_paper", "--batch-size", "16", "--update-freq", "4"]
 

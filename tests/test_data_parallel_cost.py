@@ -1,5 +1,5 @@
 """Plain data parallelism in the simulator's terms (the yardstick:
-fairseq_hybrid/planning/data_parallel_cost.py), and the speed-up table of
+fairseq_hybrid/forecasts/data_parallel_cost.py), and the speed-up table of
 benchmarks/predict_speedups.py."""
 
 import json
@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import REPO
-from fairseq_hybrid.planning.data_parallel_cost import (ring_allreduce_seconds, overlapped_backward,
+from fairseq_hybrid.forecasts.data_parallel_cost import (ring_allreduce_seconds, overlapped_backward,
                                                         data_parallel_step, speedup)
 from fairseq_hybrid.planning.schedule_simulator import CostModel, StepTime
 
@@ -136,13 +136,13 @@ def test_the_race_at_a_fixed_global_batch(tmp_path):
 
 def test_small_lstm_batches_run_at_a_gpus_lower_throughput():
     """The GPU cost sets price an LSTM cell by its batch (DeepBench's V100
-    LSTM, planning/lstm_batch_efficiency.json): less below 128 sentences,
+    LSTM, forecasts/lstm_batch_efficiency.json): less below 128 sentences,
     more above (up to GNMT v2's A100 gain from 128 to 512, 2.24x), or
     exactly 128's rate above it in the flat variant; four cells of 32
     sentences cost about 2.4 times one of 128 going forward, where FLOPs
     alone would make them equal."""
     from fairseq_hybrid.parallel import Work
-    from fairseq_hybrid.planning.gpu_costs import cost_set, flat_past_reference
+    from fairseq_hybrid.forecasts.gpu_costs import cost_set, flat_past_reference
 
     priced, flat = cost_set("p100", {}, 0.0, 1e12), cost_set("p100", {}, 0.0, 1e12, batch_efficiency=False)
     assert priced.batch_efficiency(128, "forward") == 1.0
@@ -166,11 +166,11 @@ def test_small_matrix_products_run_at_a_gpus_lower_throughput():
     """An attention-softmax cell's products have as many rows as its target
     positions, at most the fused loss's chunk of 256: below that, a GPU's
     throughput falls as DeepBench's V100 GEMMs (3072 x N x 1024) measured,
-    interpolated in log rows (planning/matmul_efficiency.json)."""
+    interpolated in log rows (forecasts/matmul_efficiency.json)."""
     import math
 
     from fairseq_hybrid.parallel import Work
-    from fairseq_hybrid.planning.gpu_costs import cost_set
+    from fairseq_hybrid.forecasts.gpu_costs import cost_set
 
     priced, flat = cost_set("p100", {}, 0.0, 1e12), cost_set("p100", {}, 0.0, 1e12, batch_efficiency=False)
     at_256 = 9.94e12 + (13.14e12 - 9.94e12) * (math.log(256) - math.log(128)) / (math.log(24000) - math.log(128))
@@ -186,7 +186,7 @@ def test_small_matrix_products_run_at_a_gpus_lower_throughput():
 def test_ddp_waits_for_its_slowest_rank():
     """Real DDP: each rank has a batch of its own and the step lasts as long
     as the slowest rank's (with the all-reduce overlapped as before)."""
-    from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step_of
+    from fairseq_hybrid.forecasts.data_parallel_cost import data_parallel_step_of
 
     fast, slow = StepTime(0.1, 0.2, 0.0), StepTime(0.2, 0.4, 0.0)
     assert data_parallel_step_of([fast, slow, fast], 1e6, LINK) == data_parallel_step(slow, 1e6, 3, LINK)
@@ -245,7 +245,7 @@ def test_the_two_readings_of_the_host_time(tmp_path):
     """queued: one worker's host time per cell (the simulator queues the K
     workers on one host), the CPU's LSTM kernel call counted as one op, a
     GPU's kept as measured; summed: the K-worker row, added to each cell."""
-    from fairseq_hybrid.planning.gpu_costs import group_host
+    from fairseq_hybrid.forecasts.gpu_costs import group_host
 
     def host_file(device):
         rows = [{"k": k, "chunk_length": 0, "cell_us": {"lstm/forward": 100.0 * k, "lstm/backward": 100.0 * k},
@@ -276,7 +276,7 @@ def test_the_calibration_against_mlperf_and_the_pcie_set():
 
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import fair_race
-    from fairseq_hybrid.planning.gpu_costs import COST_SETS, MLPERF_GNMT_V100
+    from fairseq_hybrid.forecasts.gpu_costs import COST_SETS, MLPERF_GNMT_V100
 
     args = argparse.Namespace(vocabulary=32000, host_models=["queued"],
                               host_cost=os.path.join(REPO, "docs", "bench", "host_cost.json"))
@@ -294,8 +294,8 @@ def test_replica_copies_free_is_a_ceiling_of_the_links():
     what-if of replicas whose copies cost nothing prices no group slower
     than with its copies, on a link slow enough for the copies to show,
     and leaves one GPU and DDP as they were."""
-    from fairseq_hybrid.planning.race import race, set_costs_of, uniform_batch
-    from fairseq_hybrid.planning.gpu_costs import set_tokens_per_s
+    from fairseq_hybrid.forecasts.race import race, set_costs_of, uniform_batch
+    from fairseq_hybrid.forecasts.gpu_costs import set_tokens_per_s
     from fairseq_hybrid.planning.twin_model import twin_model
 
     model, cfg = twin_model("hybrid_lstm_paper", 32000)

@@ -3,8 +3,9 @@
 functions count), the engine (``parallel/``) never imports the model
 (``models/``) nor the loss (``criterions/``), the hand-written kernels
 (``kernels/``) import nothing of the package, no product module imports the harness (``harness/``), which
-is loaded only when asked for, the planner (``planning/``) uses the
-engine only through its face, and nothing shipped or scripted imports from
+is loaded only when asked for, the planner (``planning/``) and the GPU
+forecasts (``forecasts/``) use the engine only through its face, nothing
+that trains imports the forecasts, and nothing shipped or scripted imports from
 ``tests/`` or edits ``sys.path``."""
 
 import ast
@@ -120,10 +121,16 @@ def test_the_harness_is_loaded_only_when_asked_for():
 
 def test_the_planner_uses_the_engine_only_through_its_face():
     offenders = sorted((name, target) for name, targets in import_graph().items()
-                       if name.startswith("fairseq_hybrid.planning")
+                       if name.startswith(("fairseq_hybrid.planning", "fairseq_hybrid.forecasts"))
                        for target in targets if target.startswith("fairseq_hybrid.parallel.")
                        or target in ("fairseq_hybrid.hybrid_group", "fairseq_hybrid.models"))
-    assert not offenders, f"the planner reaches into the engine: {offenders}"
+    assert not offenders, f"the planner or the forecasts reach into the engine: {offenders}"
+    # what a run decides never needs a GPU forecast; the group never runs one
+    forecasts = sorted((name, target) for name, targets in import_graph().items()
+                       if name.startswith(("fairseq_hybrid.planning", "fairseq_hybrid.hybrid_group",
+                                           "fairseq_hybrid.parallel", "fairseq_hybrid.models"))
+                       for target in targets if target.startswith("fairseq_hybrid.forecasts"))
+    assert not forecasts, f"training imports the GPU forecasts: {forecasts}"
     engine = sorted((name, target) for name, targets in import_graph().items()
                     if name.startswith("fairseq_hybrid.parallel")
                     for target in targets if target.startswith(("fairseq_hybrid.planning", "fairseq_hybrid.hybrid_group")))

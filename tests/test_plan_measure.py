@@ -17,8 +17,8 @@ from fairseq_hybrid.commands import plan
 from fairseq_hybrid.commands.plan_candidate import padded_tokens
 from fairseq_hybrid.planning.training_steps import rows_of, share_of
 from fairseq_hybrid.planning.cpu_calibration import cpu_costs, ring_bandwidth, scaled
-from fairseq_hybrid.planning.data_parallel_cost import ring_allreduce_seconds
-from fairseq_hybrid.planning.race import race
+from fairseq_hybrid.forecasts.data_parallel_cost import ring_allreduce_seconds
+from fairseq_hybrid.forecasts.race import race
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 TINY = ["--arch", "hybrid_lstm_tiny", "--max-tokens", "400", "--source-lang", "ja", "--target-lang", "en"]

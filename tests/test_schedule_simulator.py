@@ -138,7 +138,7 @@ def test_a_group_pays_its_own_time_outside_the_cells():
     and DDP (a process per device, built on one device's step) the single
     device's; a cost model without one (an older file) charges every step
     the same."""
-    from fairseq_hybrid.planning.data_parallel_cost import data_parallel_step
+    from fairseq_hybrid.forecasts.data_parallel_cost import data_parallel_step
 
     model, cfg = twin_model("hybrid_lstm_base", 8000)
     net_input, target = batch(8, [6] * 8, 5)

@@ -14,14 +14,14 @@ marks the fastest and prints the command line that runs it::
       fairseq-train data-bin --arch hybrid_lstm_paper --max-tokens 6400 --update-freq 2
   fairseq-hybrid-plan --gpus 8 -- fairseq-train - --arch hybrid_lstm_paper --batch-size 128
 
-The prices are the race's (:func:`fairseq_hybrid.planning.race.race`, what
+The prices are the race's (:func:`fairseq_hybrid.forecasts.race.race`, what
 ``benchmarks/fair_race.py`` tabulates): one code path.  No two GPUs have
 run this code; every figure is a prediction under the cost set named
 (``--cost-set``; the FLOP rate solved for a published one-GPU tokens/s, or
 ``--one-device-tokens-per-s`` measured on yours), or under a cost file
 that a GPU measured (``--cost-file``, written by ``benchmarks/gpu_check.py
 --phases calibrate``: that GPU's LSTM curve, host time per cell and
-tokens/s; ``fairseq_hybrid.planning.cost_file``).
+tokens/s; ``fairseq_hybrid.forecasts.cost_file``).
 
 With the data folder in the command, the batch's shape comes from it
 (``-`` in its place: no data, ``--sentence-length`` and ``--vocabulary``):
@@ -52,7 +52,7 @@ import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..planning.gpu_costs import PUBLISHED_SETS
+from ..forecasts.gpu_costs import PUBLISHED_SETS
 from .plan_measure import SET_PER_CANDIDATE, MeasureError, calibrate, devices_of, measure, measured_lines
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
@@ -143,7 +143,7 @@ def group_sizes(args, gpus: int) -> List[int]:
 
     from ..fairseq_patches.trainer_checks import check_training_setup
     from ..parallel import DevicePlanError
-    from ..planning.race import group_sizes_for, plan_for
+    from ..forecasts.race import group_sizes_for, plan_for
 
     if not args.arch.startswith("hybrid_lstm"):
         raise PlanError(f"--arch {args.arch}: a hybrid group trains hybrid_lstm models (hybrid_lstm_base, "
@@ -264,8 +264,8 @@ def workload(args, own) -> Workload:
 def costs_for(own, workload: Workload, host_model: str = "per-device"):
     """The cost set's function of K (:func:`race.set_costs_of`), the
     groups' host read as ``host_model``."""
-    from ..planning.gpu_costs import set_tokens_per_s
-    from ..planning.race import set_costs_of, uniform_batch
+    from ..forecasts.gpu_costs import set_tokens_per_s
+    from ..forecasts.race import set_costs_of, uniform_batch
 
     tokens_per_s = set_tokens_per_s(own.cost_set, own.one_device_tokens_per_s or own.file_tokens_per_s)
     reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
@@ -281,7 +281,7 @@ def priced_rows(load: Workload, own, costs, rank_cost, progress=lambda text: Non
     """The race's rows for ``load`` under ``costs`` (``choices``: the
     groups' choices priced as given, :func:`race.race`), each with its
     tokens/s, and the fastest's name."""
-    from ..planning.race import fastest, race
+    from ..forecasts.race import fastest, race
 
     rows = race(load.model, load.cfg, costs, own.gpus, load.sentences, load.source, load.target,
                 own.micro_batches, None, group_sizes=own.group_sizes, progress=progress, rank_cost=rank_cost,
@@ -301,7 +301,7 @@ def by_workers(load: Workload, own, progress) -> Tuple[List[Dict], str]:
     (``--hybrid-workers threads``) and by a process per device
     (``processes``); one GPU and DDP are the same either way.  The rows
     and the fastest's name."""
-    from ..planning.gpu_costs import WORKERS_OF_HOST_MODEL
+    from ..forecasts.gpu_costs import WORKERS_OF_HOST_MODEL
 
     tables = {}
     for host_model, workers in WORKERS_OF_HOST_MODEL.items():
@@ -345,7 +345,7 @@ def round_predictions(result: Dict, load: Workload, own, measured: List[str], pr
     over minutes is compared with itself.  A function of the round's index
     giving each candidate's predicted tokens/s."""
     from ..planning.cpu_calibration import cpu_costs
-    from ..planning.race import chosen
+    from ..forecasts.race import chosen
 
     choices = {row["group_size"]: chosen(row) for row in result["rows"] if row["group_size"] > 1}
     result["calibrations"] = [result["calibration"]]
@@ -502,7 +502,7 @@ def check_own(own) -> None:
         raise PlanError(f"--batches {own.batches} --rounds {own.rounds}: at least 1 each")
     own.file_tokens_per_s, own.measured_on = None, ""
     if own.cost_file:
-        from ..planning.cost_file import CostFileError, register
+        from ..forecasts.cost_file import CostFileError, register
 
         try:
             measured = register(own.cost_file)

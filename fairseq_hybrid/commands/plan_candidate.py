@@ -41,7 +41,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..planning.data_parallel_cost import BUCKET_BYTES, gradient_bytes
+from ..forecasts.data_parallel_cost import BUCKET_BYTES, gradient_bytes
 from ..planning.training_steps import LossOf, command_batches, share_of, spawned, train_steps
 
 __all__ = ["build", "padded_tokens", "main"]

@@ -119,7 +119,7 @@ def calibrate(train: List[str], devices: Sequence[str], batches: int, progress: 
 def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int) -> Dict:
     """How to run a row of the plan on ``devices`` with the command
     ``train``."""
-    from ..planning.race import chosen
+    from ..forecasts.race import chosen
 
     cpu = devices[0] == "cpu"
     spec = {"train": train, "batches": batches, "warmup": WARMUP,

@@ -5,7 +5,7 @@ steps, and a report written as JSON beside its Markdown table.
 
 The scripts import it from the installed package (``scripts/setup.sh``
 installs it in editable mode); the GPU cost model and the predicted step
-they share are the planner's (:mod:`fairseq_hybrid.planning.gpu_costs`).
+they share are the planner's (:mod:`fairseq_hybrid.forecasts.gpu_costs`).
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def write(path: str, *, base: str, tokens_per_s: float, lstm_seconds: Dict, host
     ``bench_host_cost.py --json`` wrote it.  Checked by loading it back."""
     rows = lstm_seconds["rows"]
     data = {
-        "what": "a cost set measured on one GPU machine (fairseq_hybrid.planning.cost_file): an LSTM layer's time "
+        "what": "a cost set measured on one GPU machine (fairseq_hybrid.forecasts.cost_file): an LSTM layer's time "
                 "per step by batch, the host time per cell, one device's tokens/s; the link, the step's time "
                 f"outside the cells and an LSTM time step's latency are the {base} set's",
         "measured_on": measured_on,

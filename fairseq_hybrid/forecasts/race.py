@@ -24,12 +24,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..parallel import DevicePlanError, build_plan
-from .chunk_choice import SOFTMAX_CHUNK_COUNTS
+from ..planning.chunk_choice import SOFTMAX_CHUNK_COUNTS
+from ..planning.placement_search import best_placement
+from ..planning.schedule_simulator import CostModel, StepTime
+from ..planning.twin_model import batch
 from .data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes
 from .gpu_costs import STEP_US, best_chunk_length, predicted_step, set_costs, set_rate
-from .placement_search import best_placement
-from .schedule_simulator import CostModel, StepTime
-from .twin_model import batch
 
 __all__ = ["Costs", "set_costs_of", "searched", "best_group", "chosen", "uniform_batch", "Candidate", "race",
            "group_sizes_for", "plan_for", "fastest"]

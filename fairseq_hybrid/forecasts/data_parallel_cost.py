@@ -23,7 +23,7 @@ import math
 from typing import List, Sequence
 
 from ..parallel import build_plan
-from .schedule_simulator import CostModel, StepTime
+from ..planning.schedule_simulator import CostModel, StepTime
 
 BUCKET_BYTES = 25 * 2 ** 20  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
 

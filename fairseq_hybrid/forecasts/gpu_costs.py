@@ -28,8 +28,8 @@ import os
 from typing import Dict, Optional, Sequence, Tuple
 
 from ..parallel import build_hybrid_step, build_plan
-from .chunk_choice import candidate_lengths
-from .schedule_simulator import CostModel, StepTime, flops, step_time
+from ..planning.chunk_choice import candidate_lengths
+from ..planning.schedule_simulator import CostModel, StepTime, flops, step_time
 
 __all__ = ["KINDS", "PHASES", "COST_SETS", "NAMED_SETS", "LSTM_CURVES", "host_report", "STEP_US", "HOST_MODELS",
            "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S", "SET_TOKENS_PER_S", "PUBLISHED_SETS",
@@ -49,7 +49,7 @@ COST_SETS = {
     # the p100 set's PCIe 3 x16 link, 12 GB/s of its 15.75 GB/s a direction
     "v100-pcie": {"step_overhead": 5e-3, "link_bandwidth": 12e9, "link_latency": 10e-6},
 }
-NAMED_SETS = tuple(COST_SETS)  # the published ones; a cost file adds "file:<name>" (planning/cost_file.py)
+NAMED_SETS = tuple(COST_SETS)  # the published ones; a cost file adds "file:<name>" (cost_file.py)
 
 # the latency of one LSTM time step forward (twice backward) each set assumes, in microseconds
 STEP_US = {"p100": 20.0, "a100": 10.0, "v100": 10.0, "v100-pcie": 10.0}
