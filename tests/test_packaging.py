@@ -57,3 +57,19 @@ def test_importing_the_package_leaves_the_programs_logging_to_it(tmp_path):
     result = subprocess.run([sys.executable, "-c", configured], cwd=tmp_path, capture_output=True, text=True,
                             check=True)
     assert "before: still shown" in result.stderr
+
+
+def test_the_plans_default_host_cost_ships_with_the_package():
+    """fairseq-hybrid-plan's default host cost is package data, not a file
+    of the checkout's docs/ (which an installed package lacks); it is the
+    measurement docs/bench/host_cost.json records, byte for byte."""
+    import fairseq_hybrid
+    from fairseq_hybrid.commands import plan
+
+    package = os.path.dirname(os.path.abspath(fairseq_hybrid.__file__))
+    assert os.path.commonpath([plan.HOST_COST, package]) == package
+    assert plan.build_parser().parse_args([]).host_cost == plan.HOST_COST
+    kept = os.path.join(REPO, "docs", "bench", "host_cost.json")
+    with open(plan.HOST_COST, "rb") as shipped, open(kept, "rb") as record:
+        assert shipped.read() == record.read()
+    assert "forecasts/*.json" in open(os.path.join(REPO, "pyproject.toml")).read()

@@ -68,7 +68,8 @@ REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-le
 # candidate is timed and printed with it in their place
 GROUP_CRITERION = "hybrid_cross_entropy"
 SAME_LOSS = (GROUP_CRITERION, "cross_entropy", "label_smoothed_cross_entropy")
-HOST_COST = os.path.join(REPO, "docs", "bench", "host_cost.json")  # bench_host_cost.py on CPU, in a checkout
+# bench_host_cost.py on CPU (a copy of docs/bench/host_cost.json, shipped with the package)
+HOST_COST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "forecasts", "host_cost.json")
 
 
 class PlanError(ValueError):
@@ -463,9 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--one-device-tokens-per-s", type=float, default=None,
                         help="one GPU's source + target tokens/s at 128 sentences of 50 + 50 tokens, measured on "
                         "yours (default: the set's published figure; the p100 set has a FLOP rate of its own)")
-    parser.add_argument("--host-cost", default=HOST_COST if os.path.exists(HOST_COST) else None,
-                        help="host time per cell, benchmarks/bench_host_cost.py --json (default: the checkout's "
-                        "docs/bench/host_cost.json, else 30 us a cell)")
+    parser.add_argument("--host-cost", default=HOST_COST,
+                        help="host time per cell, benchmarks/bench_host_cost.py --json (default: one measured on a "
+                        "2-core CPU, shipped with the package)")
     parser.add_argument("--sentence-length", type=integers, default=[50, 50],
                         help="SOURCE,TARGET tokens a sentence, without data in the command (default 50,50)")
     parser.add_argument("--vocabulary", type=int, default=32000,
