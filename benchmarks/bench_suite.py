@@ -41,7 +41,7 @@ import threading
 import time
 
 from fairseq_hybrid.harness.measuring import NO_DATA, System, batches, build, suite_systems, train_steps
-from fairseq_hybrid.planning.training_steps import LossOf, share_of, spawned
+from fairseq_hybrid.timing.training_steps import LossOf, share_of, spawned
 
 
 def system_named(name: str, k: int) -> System:

@@ -47,15 +47,15 @@ RECIPE = os.path.join(REPO, "recipes", "tatoeba_ja_en")
 def load_measuring():
     """This checkout's measuring helpers, loaded from their files: with
     ``--package`` the name ``fairseq_hybrid`` is another checkout's, which
-    may predate them.  They import ``..planning.training_steps``, so they
+    may predate them.  They import ``..timing.training_steps``, so they
     load as ``harness.measuring`` of a package of this checkout's files
-    under a name of its own (the packages' ``__init__`` left unrun: the
-    two modules need nothing else of the package)."""
+    under a name of its own (the packages' ``__init__`` left unrun, but
+    the engine's face, which ``training_steps`` imports)."""
     import types
 
     here = os.path.join(REPO, "fairseq_hybrid")
     for name, folder in (("fairseq_hybrid_here", here), ("fairseq_hybrid_here.harness", os.path.join(here, "harness")),
-                         ("fairseq_hybrid_here.planning", os.path.join(here, "planning"))):
+                         ("fairseq_hybrid_here.timing", os.path.join(here, "timing"))):
         package = types.ModuleType(name)
         package.__path__ = [folder]
         sys.modules.setdefault(name, package)

@@ -33,7 +33,7 @@ import torch
 from fairseq_hybrid.harness.measuring import batches, build, preset_args, suite_systems, train_steps
 from fairseq_hybrid.parallel import AUTO, build_plan
 from fairseq_hybrid.planning.chunk_choice import ChunkLengthChooser
-from fairseq_hybrid.planning.cpu_calibration import fitted_cost
+from fairseq_hybrid.timing.cpu_calibration import fitted_cost
 from fairseq_hybrid.forecasts.gpu_costs import KINDS, PHASES, gpu_cost_model, predicted_step
 from fairseq_hybrid.planning.placement_search import best_placement
 from fairseq_hybrid.planning.twin_model import batch, twin_model
@@ -46,7 +46,7 @@ def calibrate(data, samples, arch, chunk_lengths=(0, 4), group_threads=2):
     """Fit a cost model to one CPU device running the engine, one thread,
     on the batches (the first two a warm-up), the time outside the cells
     also with ``group_threads`` as a group's main thread runs it
-    (:func:`fairseq_hybrid.planning.cpu_calibration.fitted_cost`)."""
+    (:func:`fairseq_hybrid.timing.cpu_calibration.fitted_cost`)."""
     torch.set_num_threads(1)
     task, model, criterion = build(data, preset_args(arch, "cpu"))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -30,7 +30,7 @@ from typing import Dict, List
 import torch
 
 from fairseq_hybrid.harness.measuring import NO_DATA, batches, build, cpu_name, preset_args, write_report
-from fairseq_hybrid.planning.training_steps import backward_step
+from fairseq_hybrid.timing.training_steps import backward_step
 
 KINDS = ("threads", "processes")
 

@@ -14,9 +14,9 @@ import torch
 
 from conftest import BIN
 from fairseq_hybrid.commands import plan
-from fairseq_hybrid.commands.plan_candidate import padded_tokens
-from fairseq_hybrid.planning.training_steps import rows_of, share_of
-from fairseq_hybrid.planning.cpu_calibration import cpu_costs, ring_bandwidth, scaled
+from fairseq_hybrid.timing.plan_candidate import padded_tokens
+from fairseq_hybrid.timing.training_steps import rows_of, share_of
+from fairseq_hybrid.timing.cpu_calibration import cpu_costs, ring_bandwidth, scaled
 from fairseq_hybrid.forecasts.data_parallel_cost import ring_allreduce_seconds
 from fairseq_hybrid.forecasts.race import race
 from fairseq_hybrid.planning.schedule_simulator import CostModel
@@ -161,7 +161,7 @@ BAD = {
 def test_each_gpu_is_measured_once(monkeypatch):
     """A GPU named twice is refused, on a machine with two (as devices_of
     sees it), and an index is taken from the position where none is given."""
-    from fairseq_hybrid.commands.plan_measure import devices_of
+    from fairseq_hybrid.timing.plan_measure import devices_of
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

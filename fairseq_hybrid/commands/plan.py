@@ -53,7 +53,8 @@ import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..forecasts.gpu_costs import PUBLISHED_SETS
-from .plan_measure import SET_PER_CANDIDATE, MeasureError, calibrate, devices_of, measure, measured_lines
+from ..timing.plan_measure import (SET_PER_CANDIDATE, MeasureError, calibrate, devices_of, measure,
+                                   measured_lines)
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
@@ -199,7 +200,7 @@ def data_shape(args, count: int) -> Tuple[float, float, float, int]:
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from ..planning.training_steps import command_batches
+    from ..timing.training_steps import command_batches
 
     cfg = quietly(convert_namespace_to_omegaconf, args)
     task = tasks.setup_task(cfg.task)
@@ -345,7 +346,7 @@ def round_predictions(result: Dict, load: Workload, own, measured: List[str], pr
     pricing the same choices again, so that a machine whose speed drifts
     over minutes is compared with itself.  A function of the round's index
     giving each candidate's predicted tokens/s."""
-    from ..planning.cpu_calibration import cpu_costs
+    from ..timing.cpu_calibration import cpu_costs
     from ..forecasts.race import chosen
 
     choices = {row["group_size"]: chosen(row) for row in result["rows"] if row["group_size"] > 1}
@@ -535,7 +536,7 @@ def measuring_setup(own, args, train: List[str], progress) -> List[str]:
                         "--max-tokens or --batch-size)")
     measured = with_group_criterion(without(train, SET_PER_CANDIDATE))
     if own.devices[0] == "cpu":
-        from ..planning.cpu_calibration import cpu_costs
+        from ..timing.cpu_calibration import cpu_costs
 
         own.calibration = calibrate(measured, own.devices, own.batches,
                                     lambda text: progress(f"[measure] {text}"))

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from typing import List, Optional
 
-from . import liveness
+from .. import rank_liveness as liveness
 
 # the package's folder: fairseq imports it as --user-dir (and checkpoints record it)
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,7 +2,7 @@
 of its own (the benchmark suite's way: a fresh process per run, so one
 run's threads, allocator and caches do not carry into the next)::
 
-    python -m fairseq_hybrid.commands.plan_candidate '{"kind": "group", ...}'
+    python -m fairseq_hybrid.timing.plan_candidate '{"kind": "group", ...}'
 
 prints ``RESULT {...}``: the seconds and the padded tokens (sentences
 times source plus target width, as the plan counts them) of the timed
@@ -24,7 +24,7 @@ Kinds:
   has several (the gradients all-reduced after the backward pass, as
   fairseq's ``legacy_ddp`` does for groups).
 * ``calibrate`` (CPU devices): the cost model the plan prices CPU devices
-  with, measured here (:mod:`fairseq_hybrid.planning.cpu_calibration`) on
+  with, measured here (:mod:`fairseq_hybrid.timing.cpu_calibration`) on
   other batches (seed 2) than the ones timed.
 """
 
@@ -42,7 +42,7 @@ from typing import Dict, List, Sequence
 import torch
 
 from ..forecasts.data_parallel_cost import BUCKET_BYTES, gradient_bytes
-from ..planning.training_steps import LossOf, command_batches, share_of, spawned, train_steps
+from .training_steps import LossOf, command_batches, share_of, spawned, train_steps
 
 __all__ = ["build", "padded_tokens", "main"]
 
@@ -198,7 +198,7 @@ def run_calibrate(spec: Dict) -> Dict:
     modules, no engine) timed with one thread and with all K, against the
     engine; each device's slowdown when K such copies train at once; gloo's
     all-reduce of the model's gradients between K processes."""
-    from ..planning.cpu_calibration import fitted_cost, ring_bandwidth
+    from .cpu_calibration import fitted_cost, ring_bandwidth
 
     k = len(spec["devices"])
     say = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731

@@ -4,7 +4,7 @@ prediction: the truth on the user's own machine, GPUs included, where no
 one else can measure.
 
 Each (round, candidate) runs in a fresh process
-(:mod:`fairseq_hybrid.commands.plan_candidate`), the candidates one after
+(:mod:`fairseq_hybrid.timing.plan_candidate`), the candidates one after
 another and the rounds alternating, so that a machine whose speed drifts
 slows all of them alike; a candidate's figure is the median of its
 rounds.  All of them train the user's model on the same batches (the
@@ -15,7 +15,7 @@ sentences.
 On CPU devices the prediction is priced with a cost model measured first
 on this machine (one device's cells with one thread and with all of
 them, the slowdown of K devices at once, gloo's all-reduce;
-:mod:`fairseq_hybrid.planning.cpu_calibration`), on other batches than
+:mod:`fairseq_hybrid.timing.cpu_calibration`), on other batches than
 the timed ones, and calibrated again before every later round, each
 round's measurement compared with its own calibration's price of the
 same choices: a shared machine drifts by 15% within minutes, more than a
@@ -85,7 +85,7 @@ def free_port() -> int:
 
 
 def runner_command(spec: Dict) -> List[str]:
-    return [sys.executable, "-m", "fairseq_hybrid.commands.plan_candidate", json.dumps(spec)]
+    return [sys.executable, "-m", "fairseq_hybrid.timing.plan_candidate", json.dumps(spec)]
 
 
 def run(spec: Dict, what: str) -> Dict:
