@@ -22,14 +22,9 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.logging import metrics
 from torch import Tensor
 
-from .parallel.cell_graph import DeviceUsage
-from .parallel.device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options,
-                                   chunk_length_option, micro_batches_option, plan_table, softmax_chunks_option)
-from .parallel.replicas import ModelReplicas
-from .parallel.stage_processes import StageProcesses
-from .parallel.step_cells import build_step, run_step
-from .parallel.thread_state import step_scope
-from .parallel.worker import DEFAULT_TIMEOUT
+from .parallel import (AUTO, DEFAULT_TIMEOUT, MODES, DevicePlan, DevicePlanError, DeviceUsage, ModelReplicas,
+                       StageProcesses, build_plan, build_step, check_options, chunk_length_option,
+                       micro_batches_option, plan_table, run_step, softmax_chunks_option, step_scope)
 from .planning import ChunkLengthChooser, CostModel, auto_placement
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..parallel.host_batch import keep_on_host
+from ..parallel import keep_on_host
 
 
 def keeping_host_batch(original_prepare: Callable) -> Callable:

@@ -18,7 +18,7 @@ fairseq-train builds the model from its own command line.
 import logging
 import os
 
-from ..parallel.device_plan import DevicePlanError, parse_devices
+from ..parallel import DevicePlanError, parse_devices
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..parallel.device_plan import DevicePlanError
+from ..parallel import DevicePlanError
 
 LEGACY_DDP = ("legacy_ddp", "no_c10d")
 

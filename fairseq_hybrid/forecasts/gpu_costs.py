@@ -1,6 +1,6 @@
-"""GPU cost models and the predicted step, for scripts that predict what a
-group would do on GPUs no one here has (``benchmarks/predict_speedups.py``,
-``benchmarks/simulate_schedule.py``).
+"""GPU cost models and the predicted step: what ``fairseq-hybrid-plan``
+(through :mod:`.race`) and the scripts that predict what a group would do
+on GPUs price with.
 
 A GPU cost model prices every cell kind at one FLOP rate, plus a fixed host
 time per cell call, a latency per LSTM time step (twice in backward), a

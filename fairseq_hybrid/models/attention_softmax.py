@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels.attention_softmax_loss import LabelSmoothedLoss, attention_softmax_loss, fused_cell_applies
-from ..parallel.seeded_dropout import SeededDropout
+from ..parallel import SeededDropout
 
 ATTENTION_TYPES = ("dot", "general", "mlp")
 

@@ -19,7 +19,7 @@ from fairseq import utils
 from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..parallel.seeded_dropout import SeededDropout
+from ..parallel import SeededDropout
 from ..kernels.sorted_packing import PackedLayout, chunk_lengths, sorted_layout, unpack_sorted
 
 LSTM_PARAMETERS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")

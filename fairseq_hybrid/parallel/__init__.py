@@ -1,10 +1,14 @@
 """The engine: one training step of a ``hybrid_lstm`` model run as cells on
-the group's devices (the wavefront, workers, transfers, streams, replicas).
+the group's devices (the wavefront, workers or a process per device,
+transfers, streams, replicas).
 
 This face is what the rest of the package uses of it: the group
 (:mod:`fairseq_hybrid.hybrid_group`) to run a step, the planner
 (:mod:`fairseq_hybrid.planning`) to replay the very cells a step is made
-of.  Neither reaches into the modules behind it.
+of, the model its seeded dropout, fairseq's patches the batch kept on the
+host and the options' errors.  None of them reaches into the modules behind
+it (``tests/test_import_structure.py``); the test harness alone hooks
+into the workers' thread state and streams.
 """
 
 from .cell_graph import Cell, CellTime, DeviceUsage, Work, labelled_cells, record_cell_times
@@ -13,14 +17,18 @@ from .device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, 
                           placement_text, plan_table, softmax_chunks_option)
 from .host_batch import host_of, keep_on_host, on_host
 from .replicas import ModelReplicas
-from .step_cells import build_data_parallel_step, build_hybrid_step, run_step, softmax_groups, time_chunks
+from .seeded_dropout import SeededDropout
+from .stage_processes import StageProcesses
+from .step_cells import build_data_parallel_step, build_hybrid_step, build_step, run_step, softmax_groups, time_chunks
+from .thread_state import step_scope
 from .wavefront import CellSpec, clocks
 from .worker import DEFAULT_TIMEOUT
 
 __all__ = [
     "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DeviceUsage", "DevicePlan", "DevicePlanError",
-    "MODES", "ModelReplicas", "Work", "build_data_parallel_step", "build_hybrid_step", "build_plan",
-    "check_options", "chunk_length_option", "clocks", "default_placement", "host_of", "keep_on_host",
-    "labelled_cells", "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text",
-    "plan_table", "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "time_chunks",
+    "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "Work", "build_data_parallel_step",
+    "build_hybrid_step", "build_plan", "build_step", "check_options", "chunk_length_option", "clocks",
+    "default_placement", "host_of", "keep_on_host", "labelled_cells", "micro_batches_option", "on_host",
+    "parse_devices", "parse_placement", "placement_text", "plan_table", "record_cell_times", "run_step",
+    "softmax_chunks_option", "softmax_groups", "step_scope", "time_chunks",
 ]

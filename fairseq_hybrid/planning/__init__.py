@@ -1,9 +1,10 @@
 """The planner: how a group should run, decided before and between steps
 by replaying the engine's own cells in a schedule simulator.  The group
 (:mod:`fairseq_hybrid.hybrid_group`) asks it for a placement
-(``--hybrid-placement auto``) and a chunk length per batch shape
-(``--hybrid-chunk-length auto``); scripts ask it for predicted speed-ups.
-It uses only the engine's face (:mod:`fairseq_hybrid.parallel`)."""
+(``--hybrid-placement auto``) and, per batch shape, a chunk length,
+micro-batches and attention-softmax chunks (``auto``); the GPU forecasts
+(:mod:`fairseq_hybrid.forecasts`) price with its simulator.  It uses only
+the engine's face (:mod:`fairseq_hybrid.parallel`)."""
 
 from .chunk_choice import ChunkLengthChooser
 from .placement_search import auto_placement
