@@ -5,13 +5,14 @@ status 2."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import BIN
+from conftest import BIN, REPO
 from fairseq_hybrid.commands import plan
 from fairseq_hybrid.forecasts.gpu_costs import GNMT_A100_TOKENS_PER_S
 from fairseq_hybrid.forecasts.race import race, set_costs_of, uniform_batch
@@ -132,6 +133,27 @@ def test_data_folders_it_cannot_draw_batches_from_are_refused(binarized, tmp_pat
                   f"{dictionaries}: no train split to draw batches from")
     check_refused(["--gpus", "2"], [str(binarized / "bin"), "--arch", "hybrid_lstm_tiny", "--max-tokens", "1"],
                   "fairseq's batch sampler refuses the command: Sentences lengths should not exceed max_tokens=1")
+
+
+@pytest.mark.parametrize("cost_file, sentences, printed", [
+    ("cost_file_h200.json", 128, "plan_h200_b128.txt"),
+    ("cost_file_h200_joined_softmax.json", 128, "plan_h200_joined_softmax_b128.txt"),
+    ("cost_file_h200_joined_softmax.json", 512, "plan_h200_joined_softmax_b512.txt"),
+])
+def test_the_committed_plans_are_what_the_plan_prints(cost_file, sentences, printed):
+    """The plans docs/ quotes, printed again by today's code to the last
+    digit (the checkout's own path in the command aside)."""
+    result = subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), "--gpus", "4", "--cost-file",
+                             os.path.join("docs", "bench", cost_file), "--", "fairseq-train", "-", "--arch",
+                             "hybrid_lstm_paper", "--batch-size", str(sentences)],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    def without_path(text):
+        return re.sub(r"--user-dir \S+", "--user-dir USER_DIR", text)
+
+    with open(os.path.join(REPO, "docs", "bench", printed)) as file:
+        assert without_path(result.stdout) == without_path(file.read())
 
 
 def test_a_command_is_needed_after_the_double_dash():
