@@ -52,9 +52,9 @@ def lstm_packed(module: nn.LSTM, data: Tensor, batch_sizes: Tensor, state: Tuple
     ``state`` (``h``, ``c``, each 1 x running x H): what ``module(
     PackedSequence(data, batch_sizes), state)`` returns (``data``, ``h``,
     ``c``), the same kernel call without ``nn.LSTM.forward``'s Python
-    (argument checks, the weights' change check: about 20 us a call on
-    this project's CPU, host time in every LSTM cell of a hybrid group).
-    ``module._flat_weights`` are its
+    (argument checks, the weights' change check: host time in every LSTM
+    cell of a hybrid group; docs/benchmarks.md "Host time per cell, cut
+    again").  ``module._flat_weights`` are its
     Parameter objects, whose data replicas replace in place."""
     return torch._VF.lstm(data, batch_sizes, state, module._flat_weights, module.bias, 1, 0.0, module.training,
                           False)

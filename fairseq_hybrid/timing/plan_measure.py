@@ -18,8 +18,8 @@ them, the slowdown of K devices at once, gloo's all-reduce;
 :mod:`fairseq_hybrid.timing.cpu_calibration`), on other batches than
 the timed ones, and calibrated again before every later round, each
 round's measurement compared with its own calibration's price of the
-same choices: a shared machine drifts by 15% within minutes, more than a
-calibration made once can hold.  On CUDA devices the prediction is the
+same choices: a shared machine drifts within minutes by more than a
+calibration made once can hold (docs/benchmarks.md).  On CUDA devices the prediction is the
 cost set's or cost file's.
 """
 
