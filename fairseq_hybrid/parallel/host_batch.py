@@ -14,8 +14,9 @@ So the trainer keeps the batch it had on the host (fairseq moves a copy
 to ``cuda:0``): :func:`keep_on_host` pins it where the group's devices
 queue work on streams, lets fairseq move it, and remembers which host
 tensor each moved one came from; :func:`host_of` answers the step with
-it.  :func:`pinned` puts what the step makes on the host in pinned
-memory before it is copied, so that each copy is queued, not waited for.
+it.  What the step makes on the host is copied from pinned memory by the
+engine's one transfer function (:mod:`.transfer`), so that each copy is
+queued, not waited for.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch
 from torch import Tensor
 
 from . import streams
+from .transfer import is_host, pinned
 
-__all__ = ["keep_on_host", "host_of", "on_host", "pinned", "queues_copies"]
+__all__ = ["keep_on_host", "host_of", "on_host", "queues_copies", "remember"]
 
 _REMEMBERED = 64  # moved tensors remembered (a sample has 4 or 5; fairseq prepares one at a time)
 _host: "OrderedDict[int, Tuple[Tensor, Tensor]]" = OrderedDict()  # id(moved): (moved, its host original)
@@ -38,19 +40,6 @@ def queues_copies(devices: Iterable[torch.device]) -> bool:
     """Whether a copy from pinned host memory to one of ``devices`` is
     queued on a stream (CUDA, virtual devices) rather than done at once."""
     return any(streams.has_streams(torch.device(device)) for device in devices)
-
-
-def pinned(tensor: Tensor, pin: bool = True) -> Tensor:
-    """``tensor`` in pinned host memory, contiguous (itself where it is
-    already, where it is not a host tensor, or where ``pin`` is false: no
-    device queues copies).  Contiguous, because a copy from a strided host
-    tensor goes through a contiguous temporary in pageable memory first
-    (``copy_requires_temporaries`` in ``cuda/Copy.cu``), which waits."""
-    if not pin or tensor.device.type != "cpu" or tensor.device.index is not None:
-        return tensor
-    if tensor.is_pinned() and tensor.is_contiguous():
-        return tensor
-    return tensor.contiguous().pin_memory()
 
 
 def _tensors(sample) -> Dict[str, Tensor]:
@@ -97,7 +86,7 @@ def keep_on_host(sample, devices, move: Callable):
 
 def _pin_sample(sample):
     if torch.is_tensor(sample):
-        return pinned(sample)
+        return pinned(sample) if is_host(sample) else sample
     if isinstance(sample, dict):
         return {key: _pin_sample(value) for key, value in sample.items()}
     return sample
@@ -108,7 +97,7 @@ def host_of(tensor: Tensor, wait: bool = True):
     is one); else, with ``wait``, a copy to the host (which waits for the
     device: a batch handed over by a caller other than fairseq's trainer),
     or None without it."""
-    if tensor.device.type == "cpu" and tensor.device.index is None:
+    if is_host(tensor):
         return tensor
     entry = _host.get(id(tensor))
     if entry is not None and entry[0] is tensor:
@@ -117,5 +106,5 @@ def host_of(tensor: Tensor, wait: bool = True):
 
 
 def on_host(net_input: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    """``net_input`` with every tensor its host one (:func:`host_of`)."""
-    return {key: host_of(value) if torch.is_tensor(value) else value for key, value in net_input.items()}
+    """The tensors of ``net_input``, each its host one (:func:`host_of`)."""
+    return {key: host_of(value) for key, value in net_input.items() if torch.is_tensor(value)}

@@ -34,7 +34,7 @@ import torch.multiprocessing  # noqa: F401  (registers torch's reductions: share
 from torch import Tensor
 
 from .cell_graph import DeviceUsage
-from .host_batch import host_of
+from .host_batch import host_of, on_host
 from .shard_sums import sum_on
 from .single_device_masks import draw_single_device_masks
 from .stage import keep_freed_memory, stage_main
@@ -140,7 +140,7 @@ class StageProcesses:
                                              net_input["prev_output_tokens"].size(1), target.size(0))
         grad_enabled = torch.is_grad_enabled()
         seed = int(torch.randint(0, 1 << 62, ()).item()) if grad_enabled else 0
-        step = {"net_input": {key: host_of(value) for key, value in net_input.items() if torch.is_tensor(value)},
+        step = {"net_input": on_host(net_input),
                 "target": host_of(target), "shard_loss": shard_loss, "chunk_length": chunk_length,
                 "micro_batches": micro_batches, "softmax_chunks": softmax_chunks, "masks": masks, "seed": seed,
                 "grad_enabled": grad_enabled, "autocast": capture().autocast, "training": self.model.training}

@@ -49,7 +49,7 @@ from ..kernels.sorted_packing import PackedLayout, chunk_lengths, sorted_layout
 from .batch_rows import batch_slices, step_rows
 from .cell_graph import Cell, DeviceUsage, Work, run_cells
 from .device_plan import DevicePlan
-from .host_batch import host_of, on_host, pinned, queues_copies
+from .host_batch import host_of, on_host
 from .replicas import ModelReplicas, Replicas
 from .micro_batches import micro_batches_of
 from .shard_sums import sum_on
@@ -113,10 +113,10 @@ class StepBuilder:
         return cell, names.index(output)
 
 
-def _kept_on(target: Tensor, pad: int, device: torch.device, pin: bool) -> KeptTargets:
+def _kept_on(target: Tensor, pad: int, device: torch.device) -> KeptTargets:
     """The positions of host ``target`` that count, found on the host and
     put on ``device``."""
-    return KeptTargets(*(arrive(pinned(t, pin), device) for t in kept_targets(target, pad)))
+    return KeptTargets(*(arrive(t, device) for t in kept_targets(target, pad)))
 
 
 def _join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
@@ -149,8 +149,7 @@ def _uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[Re
     return [ReplicaUse(replicas, worker, tuple(indices), home) for worker, indices in sorted(cells.items())]
 
 
-def _packed_layouts(lengths: Tensor, width: int, rows: int, devices, pin: bool
-                    ) -> Dict[torch.device, Optional[PackedLayout]]:
+def _packed_layouts(lengths: Tensor, width: int, rows: int, devices) -> Dict[torch.device, Optional[PackedLayout]]:
     """The packed layout of the running rows of host ``lengths`` (sorted
     longest first) among ``rows`` on each of ``devices``; None on each
     where no row runs."""
@@ -159,7 +158,7 @@ def _packed_layouts(lengths: Tensor, width: int, rows: int, devices, pin: bool
     positions, batch_sizes = sorted_layout(lengths, width)
     full = len(lengths) == rows and int(lengths[-1]) == width
     return {device: PackedLayout(on_device, batch_sizes, len(lengths), full)
-            for device, on_device in to_devices(pinned(positions, pin), devices).items()}
+            for device, on_device in to_devices(positions, devices).items()}
 
 
 class _Batch:
@@ -169,13 +168,13 @@ class _Batch:
     them, the dropout masks to take), and the batch's tensors on the
     devices of the cells that read them.  Everything is made from the
     host's batch (:mod:`.host_batch`) and copied from pinned memory where
-    the devices queue copies: staging never waits for a device."""
+    the devices queue copies (:mod:`.transfer`): staging never waits for a
+    device."""
 
     def __init__(self, model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int,
                  masks: Optional[SingleDeviceMasks], shards: Sequence[Tuple[int, slice]], softmax_chunks: int = 1):
         encoder = model.encoder.stack
         devices = plan.devices
-        self.pin = pin = queues_copies(devices)
         src_tokens = encoder.right_padded(net_input["src_tokens"])  # host tensors, all of them
         src_lengths = net_input["src_lengths"]
         self.order = torch.sort(src_lengths, descending=True, stable=True).indices
@@ -196,31 +195,31 @@ class _Batch:
         self.masks = masks
 
         # The batch on the devices of the cells that read it.
-        self.sorted_source = arrive(pinned(src_tokens.index_select(0, self.order), pin), plan.encoder_device(0))
-        self.prev_output_tokens = arrive(pinned(net_input["prev_output_tokens"], pin), plan.decoder_device(0))
-        self.restore_on = to_devices(pinned(self.restore, pin), devices)
-        self.reversed_positions = to_devices(
-            pinned(encoder.reversed_positions(self.sorted_lengths, self.source_width), pin), devices)
+        self.sorted_source = arrive(src_tokens.index_select(0, self.order), plan.encoder_device(0))
+        self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
+        self.restore_on = to_devices(self.restore, devices)
+        self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
+                                             devices)
         # The packed layout of the encoder's rows, whole (the directions of a
         # bidirectional layer) and per time chunk (the rows still running),
         # sent with the batch: one gather per cell instead of a copy per step.
-        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices, pin)
+        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices)
         self.chunk_layouts = [_packed_layouts(chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start),
-                                             chunk.stop - chunk.start, self.rows, devices, pin)
+                                             chunk.stop - chunk.start, self.rows, devices)
                               for chunk in self.source_chunks]
         padding_mask = src_tokens.eq(encoder.padding_idx)
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
         for rows, device in zip(self.shards, self.shard_devices):
-            self.padding_masks.append(arrive(pinned(padding_mask[rows], pin), device))
+            self.padding_masks.append(arrive(padding_mask[rows], device))
             pieces = [target[rows, span] for span in self.softmax_spans]
-            self.targets.append([arrive(pinned(piece, pin), device) for piece in pieces])
-            self.kept.append([_kept_on(piece, pad, device, pin) for piece in pieces])
+            self.targets.append([arrive(piece, device) for piece in pieces])
+            self.kept.append([_kept_on(piece, pad, device) for piece in pieces])
 
     def pick(self, select, device: torch.device) -> Optional[List[Tensor]]:
         """The mask a cell's one dropout call takes, on the cell's device, or
         None (draw its own)."""
-        return None if self.masks is None else [arrive(pinned(select(self.masks), self.pin), device)]
+        return None if self.masks is None else [arrive(select(self.masks), device)]
 
     def source_sizes(self) -> List[int]:
         return [chunk.stop - chunk.start for chunk in self.source_chunks]
@@ -496,7 +495,7 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
     device, each on a contiguous batch shard (``masks``: as
     :func:`build_hybrid_step`'s)."""
     step = StepBuilder(model, plan, replicas or ModelReplicas(model))
-    net_input, target, pin = on_host(net_input), host_of(target), queues_copies(plan.devices)
+    net_input, target = on_host(net_input), host_of(target)
     shards = batch_slices(target.size(0), plan.size)
     whole_models = step.replicas.whole_model()
     if single_device_masks and masks is None:
@@ -508,10 +507,10 @@ def build_data_parallel_step(model, plan: DevicePlan, net_input: Dict[str, Tenso
         device = plan.devices[worker]
         # The shard on its device, before the jobs start.
         # (source lengths stay on the host, where packing reads them)
-        shard_input = {key: value[rows] if key == "src_lengths" else arrive(pinned(value[rows], pin), device)
-                       for key, value in net_input.items() if torch.is_tensor(value)}
-        shard_target = arrive(pinned(target[rows], pin), device)
-        kept = _kept_on(target[rows], pad, device, pin)
+        shard_input = {key: value[rows] if key == "src_lengths" else arrive(value[rows], device)
+                       for key, value in net_input.items()}
+        shard_target = arrive(target[rows], device)
+        kept = _kept_on(target[rows], pad, device)
 
         def run_shard(worker=worker, device=device, shard_input=shard_input, shard_target=shard_target, kept=kept):
             replica = model if worker == 0 else whole_models.on(worker, device, step)

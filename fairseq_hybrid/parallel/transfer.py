@@ -15,8 +15,11 @@ tensor and before the work that reads it:
 * ``record_stream`` tells the caching allocator that the copy stream uses
   the source tensor, so its memory is not reused before the copy is done.
 
-On plain CPU devices a move is ``tensor.to(device)``: nothing when the
-device is the same (every plain ``cpu``).  Virtual devices have virtual
+A host tensor bound for a device that queues work (CUDA, virtual
+devices) is copied from pinned memory, so that the copy is queued rather
+than waited for (:func:`pinned`).  On plain CPU devices a move is
+``tensor.to(device)``: nothing when the device is the same (every plain
+``cpu``).  Virtual devices have virtual
 streams (:mod:`.streams`), so the same lines run there as on CUDA and are
 checked.
 """
@@ -100,9 +103,11 @@ def arrive(value: Tensor, device: torch.device, event=None) -> Tensor:
     if not (streams.has_streams(device) and streams.has_streams(value.device)):
         if event is not None:
             event.synchronize()  # a GPU tensor read on the host
-        # from pinned host memory: queued on the destination's current stream (the caching host
-        # allocator keeps the memory until the copy is done), else done, and waited for, here
-        return value.to(device, non_blocking=value.is_pinned())
+        if is_host(value) and streams.has_streams(device):
+            # from pinned host memory: queued on the destination's current stream (the caching host
+            # allocator keeps the memory until the copy is done), where from pageable memory it waits
+            return pinned(value).to(device, non_blocking=True)
+        return value.to(device)
     source = value.device
     stream = _copy_stream(source)
     if event is not None:
@@ -120,6 +125,8 @@ def to_devices(value: Optional[Tensor], devices) -> Dict[torch.device, Tensor]:
     tensors the main thread prepares before a step's jobs start."""
     if value is None:
         return {}
+    if is_host(value) and any(streams.has_streams(device) for device in devices):
+        value = pinned(value)  # once for every device: each copy queued (see arrive)
     copies: Dict[torch.device, Tensor] = {}
     for device in devices:
         if _only is not None and device not in _only:
@@ -127,3 +134,19 @@ def to_devices(value: Optional[Tensor], devices) -> Dict[torch.device, Tensor]:
         elif device not in copies:
             copies[device] = value if value.device == device else value.to(device, non_blocking=True)
     return copies
+
+
+def is_host(tensor: Tensor) -> bool:
+    """Whether ``tensor`` is in host memory (a plain ``cpu`` tensor, not a
+    virtual device's ``cpu:N``)."""
+    return tensor.device.type == "cpu" and tensor.device.index is None
+
+
+def pinned(tensor: Tensor) -> Tensor:
+    """Host ``tensor`` in pinned memory, contiguous (itself where it is
+    already).  Contiguous, because a copy from a strided host tensor goes
+    through a contiguous temporary in pageable memory first
+    (``copy_requires_temporaries`` in ``cuda/Copy.cu``), which waits."""
+    if tensor.is_pinned() and tensor.is_contiguous():
+        return tensor
+    return tensor.contiguous().pin_memory()

@@ -158,7 +158,7 @@ class ChunkLengthChooser:
         costs the most to simulate (its cells grow with it): where
         micro-batches do not pay (CPU devices), a new shape then costs
         about half the simulation."""
-        host_input = {key: value for key, value in on_host(net_input).items() if torch.is_tensor(value)}
+        host_input = on_host(net_input)
         host_target = host_of(target)
         host_plan = replace(self.plan, devices=[torch.device("cpu")] * self.plan.size)
         times: Dict[Tuple[int, int, int], float] = {}
