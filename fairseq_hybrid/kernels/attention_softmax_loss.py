@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .fused_output_loss import GradientSink, KeptTargets, LossGrads, chunked_loss
+from .fused_output_loss import GradientSink, KeptTargets, chunked_loss, loss_grads
 
 
 class LabelSmoothedLoss(NamedTuple):
@@ -89,12 +89,7 @@ class _AttentionSoftmaxLoss(torch.autograd.Function):
             features = features.index_select(0, kept.positions)
         # the loss, with its gradient with respect to the features
         loss_dtype = torch.promote_types(dtype, torch.float32)
-        if sink is not None:
-            grad_weight, grad_bias = sink.buffers(output_weight, loss_dtype)
-        else:
-            grad_weight = torch.zeros_like(output_weight, dtype=loss_dtype)
-            grad_bias = torch.zeros(output_weight.size(0), dtype=loss_dtype, device=output_weight.device)
-        grads = LossGrads(torch.empty_like(features), grad_weight, grad_bias)
+        grads = loss_grads(features, output_weight, loss_dtype, sink)
         total, nll, correct = chunked_loss(features, output_weight, output_bias, kept.labels, loss.epsilon,
                                            loss.chunk_rows, loss.want_correct, grads)
         # and back through the cell, as autograd's formulas would
@@ -130,7 +125,7 @@ class _AttentionSoftmaxLoss(torch.autograd.Function):
         # output layer's goes into the device's sink instead).
         saved = (grad_q, grad_e, grad, joined, grad_qp2, q2)
         if sink is None:
-            saved += (grad_weight.to(output_weight.dtype), grad_bias.to(output_bias.dtype))
+            saved += (grads.weight.to(output_weight.dtype), grads.bias.to(output_bias.dtype))
         ctx.save_for_backward(*saved)
         ctx.output_dtypes = output_weight.dtype, output_bias.dtype
         ctx.mark_non_differentiable(nll, correct)

@@ -74,6 +74,19 @@ class LossGrads(NamedTuple):
     bias: Tensor
 
 
+def loss_grads(features: Tensor, weight: Tensor, dtype: torch.dtype, sink: Optional[GradientSink] = None
+               ) -> LossGrads:
+    """Where one call's loss gradients go: a fresh one for ``features``;
+    the output layer's summed into ``sink``'s buffers on this device where
+    given, else fresh zeros."""
+    if sink is not None:
+        grad_weight, grad_bias = sink.buffers(weight, dtype)
+    else:
+        grad_weight = torch.zeros_like(weight, dtype=dtype)
+        grad_bias = torch.zeros(weight.size(0), dtype=dtype, device=weight.device)
+    return LossGrads(torch.empty_like(features), grad_weight, grad_bias)
+
+
 def row_chunks(rows: int, chunk_rows: int) -> List[Tuple[int, int]]:
     """``(start, stop)`` of chunks of ``chunk_rows`` rows, a last one of
     fewer than half of that joined to the one before (a chunk costs the
@@ -150,12 +163,7 @@ class FusedLinearLabelSmoothedCE(torch.autograd.Function):
         dtype = torch.promote_types(features.dtype, torch.float32)
         grads = None
         if needs_grad:
-            if sink is not None:
-                grad_weight, grad_bias = sink.buffers(weight, dtype)
-            else:
-                grad_weight = torch.zeros_like(weight, dtype=dtype)
-                grad_bias = torch.zeros(weight.size(0), dtype=dtype, device=weight.device)
-            grads = LossGrads(torch.empty_like(features), grad_weight, grad_bias)
+            grads = loss_grads(features, weight, dtype, sink)
         loss, nll, correct = chunked_loss(features, weight, bias, target, epsilon, chunk_rows, want_correct, grads)
         ctx.sink = sink
         if needs_grad and sink is not None:
