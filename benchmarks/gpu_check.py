@@ -533,8 +533,8 @@ def step_without_waits(devices):
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
     entry = {"devices": ",".join(devices), "mode": "hybrid"}
     for checked in (False, True):
-        sample = keep_on_host(make_sample(src_dict, tgt_dict, [7, 5, 3, 6], [4, 6, 2, 5]),
-                              [torch.device(d) for d in devices], lambda host: on_device(host, devices[0]))
+        sample = keep_on_host(make_sample(src_dict, tgt_dict, [7, 5, 3, 6], [4, 6, 2, 5]), devices,
+                              lambda host: on_device(host, devices[0]))
         torch.cuda.set_sync_debug_mode("error" if checked else 0)
         try:
             loss, _, _ = criterion(model, sample)

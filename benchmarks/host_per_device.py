@@ -35,6 +35,7 @@ from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.forecasts import cost_file
 from fairseq_hybrid.forecasts.gpu_costs import PUBLISHED_SETS, set_tokens_per_s
 from fairseq_hybrid.forecasts.race import race, set_costs_of, uniform_batch
+from fairseq_hybrid.planning.chunk_choice import SOFTMAX_CHUNK_COUNTS
 from fairseq_hybrid.planning.twin_model import twin_model
 
 SOURCE = TARGET = 50
@@ -59,7 +60,8 @@ def scaled(costs, factor: float):
     return of
 
 
-def table_of(model, cfg, costs_for, batches: List[int], gpus: int, progress, softmax_chunks=(1, 2, 4, 0)) -> Dict:
+def table_of(model, cfg, costs_for, batches: List[int], gpus: int, progress,
+             softmax_chunks=SOFTMAX_CHUNK_COUNTS) -> Dict:
     """Every reading's group of ``gpus`` over one GPU and over DDP at each
     global batch, and the paper's measure."""
     rows = []
@@ -125,8 +127,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=lambda text: [int(v) for v in names(text)], default=[64, 128, 256, 512])
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--vocabulary", type=int, default=32000)
-    parser.add_argument("--softmax-chunks", type=lambda text: [int(v) for v in names(text)], default=[1, 2, 4, 0],
-                        help="the --hybrid-softmax-chunks a group may take (default 1,2,4,0)")
+    parser.add_argument("--softmax-chunks", type=lambda text: [int(v) for v in names(text)],
+                        default=list(SOFTMAX_CHUNK_COUNTS),
+                        help="the --hybrid-softmax-chunks a group may take (default: what auto tries, "
+                        f"{','.join(map(str, SOFTMAX_CHUNK_COUNTS))})")
     parser.add_argument("--name", default="host_per_device", help="the reports' name in --out (.json, .md)")
     parser.add_argument("--out", help="folder for the reports")
     args = parser.parse_args(argv)

@@ -58,7 +58,7 @@ from ..timing.plan_measure import (SET_PER_CANDIDATE, MeasureError, calibrate, d
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fairseq_hybrid: the --user-dir
 NO_DATA = "-"  # the data folder in a command planned without data
 # the options the printed command sets itself: the batch, the GPUs, the group's choices
 REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
@@ -70,7 +70,7 @@ REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-le
 GROUP_CRITERION = "hybrid_cross_entropy"
 SAME_LOSS = (GROUP_CRITERION, "cross_entropy", "label_smoothed_cross_entropy")
 # bench_host_cost.py on CPU (a copy of docs/bench/host_cost.json, shipped with the package)
-HOST_COST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "forecasts", "host_cost.json")
+HOST_COST = os.path.join(PACKAGE, "forecasts", "host_cost.json")
 
 
 class PlanError(ValueError):
@@ -387,7 +387,7 @@ def command_for(row: Dict, train: List[str], args, sentences: int, devices: Opti
     """The command line that runs ``row`` at the same global batch (on
     ``devices``; default the first GPUs)."""
     rest = with_group_criterion(["DATA" if token == NO_DATA else token for token in without(train, REPLACED_OPTIONS)])
-    rest += ["--user-dir", os.path.join(REPO, "fairseq_hybrid")] if "--user-dir" not in train else []
+    rest += ["--user-dir", PACKAGE] if "--user-dir" not in train else []
     per = row["sentences_per_group"]
     batch = (["--batch-size", str(per)] if args.batch_size or not args.max_tokens else
              ["--max-tokens", str(math.ceil(args.max_tokens * (args.update_freq[0] if args.update_freq else 1)

@@ -64,8 +64,7 @@ def check_equal(devices, mode, dictionaries, group_options=None, batch_on_first_
                                                           on_device(sample, devices[0]) if on_gpu else sample)
         # as fairseq's trainer hands a group its batch: pinned, moved to the first device, the host's kept
         loss, logging, grads = loss_and_grads(group, criterion, keep_on_host(
-            sample, [torch.device(d) for d in devices], lambda s: on_device(s, devices[0])) if batch_on_first_device
-                                              else sample)
+            sample, devices, lambda s: on_device(s, devices[0])) if batch_on_first_device else sample)
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
     assert logging.keys() == logging_ref.keys()
     for key in logging:
