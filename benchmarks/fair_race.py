@@ -67,7 +67,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
-from fairseq_hybrid.parallel import build_hybrid_step, build_plan
+from fairseq_hybrid.parallel import build_plan, build_step
 from fairseq_hybrid.parallel.batch_rows import batch_slices
 from fairseq_hybrid.forecasts import cost_file
 from fairseq_hybrid.forecasts.data_parallel_cost import (data_parallel_step, data_parallel_step_of, gradient_bytes,
@@ -94,7 +94,7 @@ def set_of(args, name: str, model, cfg, per_gpu, host_model: str):
 def busiest_share(model, cfg, k: int, placement: str, sample, chunk_length: int, micro_batches: int) -> float:
     """The busiest device's share of the step's floating-point operations."""
     plan = build_plan(",".join(["cpu"] * k), placement, "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-    built = build_hybrid_step(model, plan, *sample, lambda *args: args, chunk_length, micro_batches=micro_batches)
+    built = build_step(model, plan, *sample, lambda *args: args, chunk_length, micro_batches)
     work = device_flops(built.step.cells, k)
     return max(work) / sum(work)
 

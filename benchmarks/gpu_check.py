@@ -186,7 +186,7 @@ def devices_for(device, count, k):
 
 def phase_exactness(args, result):
     tests = [os.path.join(REPO, "tests", name)
-             for name in ("test_hybrid_exactness.py", "test_step_cells.py", "test_cell_graph.py",
+             for name in ("test_hybrid_exactness.py", "test_hybrid_cells.py", "test_cell_graph.py",
                           "test_single_device_masks.py", "test_worker.py")]
     tests.append(os.path.join(REPO, "tests", "test_stage_processes.py") + "::test_cuda_processes_equal_one_device")
     report = os.path.join(args.work, "exactness.xml")
@@ -316,7 +316,7 @@ def group_step(arch, devices, workers, device, steps, batch, length, vocab):
     from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
     from fairseq_hybrid.harness.measuring import train_steps
     from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
-    from fairseq_hybrid.parallel.step_cells import build_step
+    from fairseq_hybrid.parallel import build_step
 
     src_dict, tgt_dict = make_dictionary(vocab), make_dictionary(vocab)
     torch.manual_seed(0)

@@ -10,7 +10,8 @@ import torch
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.parallel.cell_graph import Cell, record_cell_times, run_cells
+from fairseq_hybrid.parallel.cell_graph import Cell, run_cells
+from fairseq_hybrid.parallel.cell_times import record_cell_times
 from fairseq_hybrid.parallel.worker import WorkerError, WorkerGroup
 
 

@@ -82,14 +82,14 @@ def test_micro_batches_are_chains_of_their_own(dictionaries):
     of their own micro-batch; together the slices cover every row once,
     with near-equal tokens."""
     from fairseq_hybrid.parallel.batch_rows import micro_batch_rows
-    from fairseq_hybrid.parallel.step_cells import build_hybrid_step
+    from fairseq_hybrid.parallel import build_step
 
     src_dict, tgt_dict = dictionaries
     _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_micro_batches": 3})
     net_input, target = sample["net_input"], sample["target"]
     rows = micro_batch_rows(net_input, target, 3, tgt_dict.pad())
     assert [r.start for r in rows] == [0, rows[0].stop, rows[1].stop] and rows[-1].stop == len(SRC_LENGTHS)
-    built = build_hybrid_step(group, group.hybrid_group.plan, net_input, target, lambda *a: (a[0].sum(),), 0,
+    built = build_step(group, group.hybrid_group.plan, net_input, target, lambda *a: (a[0].sum(),), 0,
                               micro_batches=3)
     prefixes = [f"micro-batch {r.start}-{r.stop - 1}: " for r in rows]
     owner = [next(p for p in prefixes if cell.name.startswith(p)) for cell in built.step.cells]
@@ -105,10 +105,10 @@ def test_micro_batches_are_chains_of_their_own(dictionaries):
 def test_micro_batches_are_staggered_into_the_wavefront(dictionaries):
     """Micro-batch m's cells start no earlier than m strides of clocks, so
     device 0 runs micro-batch 0's first cells before micro-batch 1's."""
-    from fairseq_hybrid.parallel.step_cells import build_hybrid_step
+    from fairseq_hybrid.parallel import build_step
 
     _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu"})
-    built = build_hybrid_step(group, group.hybrid_group.plan, sample["net_input"], sample["target"],
+    built = build_step(group, group.hybrid_group.plan, sample["net_input"], sample["target"],
                               lambda *a: (a[0].sum(),), 1, micro_batches=3)
     starts = sorted({cell.not_before for cell in built.step.cells})
     assert len(starts) == 3 and starts[0] == 0 and starts[1] > 0 and starts[2] == 2 * starts[1]

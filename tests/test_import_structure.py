@@ -4,7 +4,8 @@ functions count), the engine (``parallel/``) never imports the model
 (``models/``) nor the loss (``criterions/``), the hand-written kernels
 (``kernels/``) import nothing of the package, no product module imports the harness (``harness/``), which
 is loaded only when asked for, every other module uses the engine only
-through its face, nothing that trains imports the GPU forecasts
+through its face, the engine's runtime never imports its recipe, nothing that
+trains imports the GPU forecasts
 (``forecasts/``), and nothing shipped or scripted imports from
 ``tests/`` or edits ``sys.path``."""
 
@@ -141,6 +142,23 @@ def test_every_product_module_uses_the_engine_through_its_face():
                     if name.startswith("fairseq_hybrid.parallel")
                     for target in targets if target.startswith(("fairseq_hybrid.planning", "fairseq_hybrid.hybrid_group")))
     assert not engine, f"the engine imports the planner or the group: {engine}"
+
+
+# The engine laid out as torchgpipe's: the runtime runs any cells on any
+# group and knows nothing of how a hybrid step is cut (its recipe).
+RUNTIME = ("wavefront", "cell_graph", "cell_times", "worker", "transport", "thread_state", "replicas",
+           "seeded_dropout", "p2p", "shard_sums")
+RECIPE = ("batch_rows", "staging", "host_batch", "single_device_masks", "step_builder", "hybrid_cells",
+          "data_parallel_cells", "step")
+
+
+def test_the_engines_runtime_never_imports_its_recipe():
+    engine = {name.rsplit(".", 1)[1] for name in import_graph() if name.startswith("fairseq_hybrid.parallel.")}
+    assert set(RUNTIME) | set(RECIPE) <= engine  # every name above is a module of the engine
+    graph = import_graph()
+    offenders = sorted((name, target) for name in (f"fairseq_hybrid.parallel.{m}" for m in RUNTIME)
+                       for target in graph[name] if target.rsplit(".", 1)[1] in RECIPE)
+    assert not offenders, f"the runtime imports the recipe: {offenders}"
 
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):

@@ -1,12 +1,12 @@
-"""Micro-batches (parallel/micro_batches.py): contiguous slices of
+"""Micro-batches (parallel/batch_rows.py): contiguous slices of
 near-equal tokens, each with its rows of the batch, target and masks."""
 
 import torch
 
 from conftest import make_sample
-from fairseq_hybrid.parallel.batch_rows import micro_batch_rows, shard_rows, step_rows, token_balanced_slices
+from fairseq_hybrid.parallel.batch_rows import (micro_batch_rows, micro_batches_of, shard_rows, step_rows,
+                                             token_balanced_slices)
 from fairseq_hybrid.parallel.device_plan import build_plan
-from fairseq_hybrid.parallel.micro_batches import micro_batches_of
 from fairseq_hybrid.parallel.single_device_masks import SingleDeviceMasks
 
 

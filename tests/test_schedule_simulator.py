@@ -9,7 +9,7 @@ from fairseq_hybrid.parallel.cell_graph import Cell, Work
 from fairseq_hybrid.parallel.device_plan import build_plan
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 from fairseq_hybrid.planning.schedule_simulator import ReplicaCopy, CostModel, fit, flops, replay, step_time
-from fairseq_hybrid.parallel.step_cells import build_hybrid_step
+from fairseq_hybrid.parallel import build_step
 
 
 def test_fit_recovers_rate_per_step_and_fixed_costs():
@@ -178,7 +178,7 @@ def test_a_step_prices_every_replica_the_engine_uses():
     model, cfg = twin_model("hybrid_lstm_base", 8000)
     plan = build_plan("cpu,cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     net_input, target = batch(16, [10] * 16, 10)
-    built = build_hybrid_step(model, plan, net_input, target, None, 0)
+    built = build_step(model, plan, net_input, target, None, 0)
     names = {built.step.cells[use.cells[0]].name.split(" chunk")[0] for use in built.replica_uses}
     assert names == {"attention-softmax shard 1", "encoder layer 0 reverse"}
     slow = CostModel(link_bandwidth=1e8, link_latency=1e-5)

@@ -27,7 +27,7 @@ import json
 import os
 from typing import Dict, Optional, Sequence, Tuple
 
-from ..parallel import build_hybrid_step, build_plan
+from ..parallel import build_plan, build_step
 from ..planning.chunk_choice import candidate_lengths
 from ..planning.schedule_simulator import CostModel, StepTime, flops, step_time
 
@@ -202,7 +202,7 @@ def set_costs(name: str, path: Optional[str], k: int, step_us: float, rate: floa
 def total_flops(model, cfg, sample) -> float:
     """Floating-point operations of one device's step, forward and backward."""
     plan = build_plan("cpu", "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-    built = build_hybrid_step(model, plan, *sample, None, 0)
+    built = build_step(model, plan, *sample, None, 0)
     return sum(flops(cell.work, phase) for cell in built.step.cells for phase in PHASES if cell.work is not None)
 
 

@@ -7,7 +7,7 @@ another stream still reads it, gives silent wrong numbers.  On CPU every
 op is done when it returns, so a deleted ``wait_event`` passes every test.
 This module gives virtual devices (``fairseq_hybrid.harness.virtual_devices``)
 streams and events with ``torch.cuda``'s method names (the engine reaches
-them through :mod:`fairseq_hybrid.parallel.streams`) and checks every op
+them through :mod:`fairseq_hybrid.parallel.transport`) and checks every op
 against them, the way PyTorch's CUDA Sanitizer (``torch/cuda/_sanitizer.py``)
 does on a GPU:
 
@@ -65,7 +65,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-from ..parallel import streams as engine_streams
+from ..parallel import transport as engine_transport
 from ..parallel.worker import current_worker
 
 Clock = Dict[int, int]  # lane -> steps of that lane ordered before
@@ -185,7 +185,11 @@ def _merge(into: Clock, clock: Clock) -> None:
             into[lane] = step
 
 
-_HARNESS_FILES = ("virtual_streams.py", "virtual_devices.py", f"parallel{os.sep}streams.py")
+_HARNESS_FILES = ("virtual_streams.py", "virtual_devices.py")
+_TRANSPORT = f"parallel{os.sep}transport.py"
+# the engine's stream wrappers: a report names the line that called them
+_STREAM_WRAPPERS = {"_virtual", "has_streams", "scope", "new_stream", "current_stream", "default_stream",
+                    "use_stream", "record_event", "record_stream"}
 
 
 def call_site() -> str:
@@ -193,7 +197,8 @@ def call_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if "/torch/" not in filename and not filename.endswith(_HARNESS_FILES):
+        wrapper = filename.endswith(_TRANSPORT) and frame.f_code.co_name in _STREAM_WRAPPERS
+        if "/torch/" not in filename and not filename.endswith(_HARNESS_FILES) and not wrapper:
             short = "/".join(filename.split("/")[-3:])
             return f"{short}:{frame.f_lineno} ({frame.f_code.co_name})"
         frame = frame.f_back
@@ -522,4 +527,4 @@ def entered(checker: StreamChecker) -> Iterator[None]:
         stack.pop()
 
 
-engine_streams.virtual_checker = active_checker
+engine_transport.virtual_checker = active_checker

@@ -1,6 +1,11 @@
 """The engine: one training step of a ``hybrid_lstm`` model run as cells on
-the group's devices (the wavefront, workers or a process per device,
-transfers, streams, replicas).
+the group's devices.
+
+Laid out as torchgpipe's: a runtime (the wavefront and cell graph,
+workers, transport with its streams, thread or process state, replicas,
+seeded dropout) apart from the hybrid step's recipe (the rows of a step
+decided and cut, the batch staged once, the cell builders, the
+data-parallel step; :mod:`.step` ties them together).
 
 This face is what the rest of the package uses of it: the group
 (:mod:`fairseq_hybrid.hybrid_group`) to run a step, the planner
@@ -11,7 +16,9 @@ it (``tests/test_import_structure.py``); the test harness alone hooks
 into the workers' thread state and streams.
 """
 
-from .cell_graph import Cell, CellTime, DeviceUsage, Work, labelled_cells, record_cell_times
+from .batch_rows import softmax_groups, time_chunks
+from .cell_graph import Cell, Work
+from .cell_times import CellTime, DeviceUsage, labelled_cells, record_cell_times
 from .device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options, chunk_length_option,
                           default_placement, micro_batches_option, parse_devices, parse_placement,
                           placement_text, plan_table, softmax_chunks_option)
@@ -19,15 +26,15 @@ from .host_batch import host_of, keep_on_host, on_host
 from .replicas import ModelReplicas
 from .seeded_dropout import SeededDropout
 from .stage_processes import StageProcesses
-from .step_cells import build_data_parallel_step, build_hybrid_step, build_step, run_step, softmax_groups, time_chunks
+from .step import build_step, run_step
 from .thread_state import step_scope
 from .wavefront import CellSpec, clocks
 from .worker import DEFAULT_TIMEOUT
 
 __all__ = [
     "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DeviceUsage", "DevicePlan", "DevicePlanError",
-    "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "Work", "build_data_parallel_step",
-    "build_hybrid_step", "build_plan", "build_step", "check_options", "chunk_length_option", "clocks",
+    "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "Work", "build_plan", "build_step", "check_options",
+    "chunk_length_option", "clocks",
     "default_placement", "host_of", "keep_on_host", "labelled_cells", "micro_batches_option", "on_host",
     "parse_devices", "parse_placement", "placement_text", "plan_table", "record_cell_times", "run_step",
     "softmax_chunks_option", "softmax_groups", "step_scope", "time_chunks",

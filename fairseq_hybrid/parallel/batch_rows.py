@@ -1,28 +1,37 @@
-"""Which rows of a step's batch go where: every rule that cuts a batch's
-sentences into pieces, in one place.
+"""Where every row and time step of a step's batch goes, decided and cut
+in one place (micro-batches in the spirit of torchgpipe's
+``microbatch.py``).
 
-A step's rows are cut three ways.  Micro-batches (``--hybrid-micro-batches``)
-are contiguous rows with near-equal tokens (:func:`micro_batch_rows`).
-Within each, the attention-softmax part's shards are the micro-batch's part
-of the whole batch's shards, dealt over the batch by the plan's shard
+Rows are cut three ways.  Micro-batches (``--hybrid-micro-batches``) are
+contiguous rows with near-equal tokens (:func:`micro_batch_rows`; padding
+not counted: fairseq's batches hold sentences of similar length, but not
+always), each its own chain of cells whose loss sums add up to the
+batch's.  Within each, the attention-softmax part's shards are the
+micro-batch's part of the whole batch's shards, dealt by the plan's shard
 weights (:func:`shard_rows`), so that a shard's rows in every micro-batch
 add up to its share of the batch.  In ``data`` mode each device's
-whole-model shard is a near-equal slice (:func:`batch_slices`).  The
-tensors are cut by these rows where they are used (:mod:`.micro_batches`,
-:mod:`.step_cells`, the dropout masks' ``rows``); their results are added
-back by :mod:`.shard_sums`.
+whole-model shard is a near-equal slice (:func:`batch_slices`).  Time is
+cut into chunks (:func:`time_chunks`), and the target's chunks into the
+attention-softmax cells' groups (:func:`softmax_groups`).  Each
+micro-batch takes its rows of the single-device dropout masks drawn for
+the whole batch, so the step is the same whatever the count; results are
+added back by :mod:`.shard_sums`.
 """
 
 from __future__ import annotations
 
 import heapq
 from functools import lru_cache
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
+import torch
 from torch import Tensor
 
-__all__ = ["PieceRows", "step_rows", "weighted_slices", "dealt_rows", "dealt_slices", "batch_slices",
-           "token_balanced_slices", "micro_batch_rows", "shard_rows"]
+from .single_device_masks import SingleDeviceMasks
+
+__all__ = ["MicroBatch", "PieceRows", "batch_slices", "dealt_rows", "dealt_slices", "micro_batch_rows",
+           "micro_batches_of", "shard_rows", "softmax_groups", "step_rows", "time_chunks", "token_balanced_slices",
+           "weighted_slices"]
 
 
 class PieceRows(NamedTuple):
@@ -35,9 +44,13 @@ class PieceRows(NamedTuple):
 
 
 def step_rows(plan, net_input: Dict[str, Tensor], target: Tensor, micro_batches: int, pad: int) -> List[PieceRows]:
-    """Where every row of a ``hybrid`` or ``model`` step goes, decided once
-    for the step: its micro-batches (:func:`micro_batch_rows`) and each
-    one's part of the batch's attention-softmax shards (:func:`shard_rows`)."""
+    """Where every row of a step goes, decided once for the step: in
+    ``hybrid`` and ``model`` mode its micro-batches
+    (:func:`micro_batch_rows`) and each one's part of the batch's
+    attention-softmax shards (:func:`shard_rows`); in ``data`` mode one
+    piece, a near-equal slice of the batch per worker."""
+    if plan.mode == "data":
+        return [PieceRows(None, list(enumerate(batch_slices(target.size(0), plan.size))))]
     pieces = []
     for rows in micro_batch_rows(net_input, target, micro_batches, pad):
         first, size = (0, target.size(0)) if rows is None else (rows.start, rows.stop - rows.start)
@@ -150,3 +163,41 @@ def shard_rows(plan, batch_size: int, first_row: int = 0) -> List[Tuple[int, sli
     weights = [plan.shard_weights[w] for w in workers] if plan.shard_weights else [1] * len(workers)
     return [(worker, rows) for worker, rows in zip(workers, dealt_slices(first_row, batch_size, weights))
             if rows.stop > rows.start]
+
+
+def time_chunks(length: int, chunk_length: int, count: int) -> List[slice]:
+    """The time chunks of a sequence: ``chunk_length`` steps each, or
+    ``count`` near-equal chunks when ``chunk_length`` is 0."""
+    if chunk_length > 0:
+        return [slice(start, min(start + chunk_length, length)) for start in range(0, max(length, 1), chunk_length)]
+    return batch_slices(max(length, 1), count)
+
+
+def softmax_groups(chunks: int, per_cell: int) -> List[range]:
+    """The target chunks of each attention-softmax cell: ``per_cell``
+    consecutive ones (``--hybrid-softmax-chunks``; 0: all in one)."""
+    per_cell = chunks if per_cell <= 0 else min(per_cell, chunks)
+    return [range(first, min(first + per_cell, chunks)) for first in range(0, chunks, max(per_cell, 1))]
+
+
+class MicroBatch(NamedTuple):
+    index: int
+    net_input: Dict[str, Tensor]
+    target: Tensor
+    masks: Optional[SingleDeviceMasks]
+    name: str  # "" for the whole batch, else "micro-batch FIRST-LAST: " (rows)
+    shards: List[Tuple[int, slice]]  # its attention-softmax shards: (worker, rows of the micro-batch)
+
+
+def micro_batches_of(net_input: Dict[str, Tensor], target: Tensor, masks: Optional[SingleDeviceMasks],
+                     pieces: Sequence[PieceRows]) -> Iterator[MicroBatch]:
+    """The batch's micro-batches in order (``pieces``: :func:`step_rows`),
+    each with its rows of the batch, of its target and of the masks."""
+    for index, (rows, shards) in enumerate(pieces):
+        if rows is None:
+            yield MicroBatch(index, net_input, target, masks, "", shards)
+            continue
+        yield MicroBatch(index, {key: value[rows] if torch.is_tensor(value) else value
+                                 for key, value in net_input.items()},
+                         target[rows], None if masks is None else masks.rows(rows),
+                         f"micro-batch {rows.start}-{rows.stop - 1}: ", shards)

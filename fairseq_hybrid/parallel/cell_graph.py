@@ -19,7 +19,7 @@ Parameters receive their gradients directly from the cells' backward calls.
 
 On CUDA each worker has a stream; a cell records an event after it runs and
 every reader waits for that event before using the output
-(:mod:`.transfer`).  CUDA backward normally runs on one autograd thread
+(:mod:`.transport`).  CUDA backward normally runs on one autograd thread
 per device, and the trainer's ``loss.backward()`` reaches this graph's
 boundary on the autograd thread of the loss's device, where it waits for
 the workers; a worker's own ``torch.autograd.backward`` would queue its
@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -44,7 +43,8 @@ from torch.autograd import Variable
 
 from . import thread_state
 from . import seeded_dropout
-from .transfer import arrive, record_event
+from .cell_times import DeviceUsage, label_call, note_call
+from .transport import arrive, record_event
 from .wavefront import CellSpec, Ref, worker_orders
 from .worker import DEFAULT_TIMEOUT, Aborted, WorkerGroup, current_worker
 
@@ -74,76 +74,6 @@ class Cell(NamedTuple):
     work: Optional[Work] = None
     outputs: Optional[Tuple[str, ...]] = None
     not_before: int = 0  # the cell's earliest wavefront clock (micro-batches enter one after another)
-
-
-class DeviceUsage(NamedTuple):
-    """How busy each worker was during one step: seconds spent running its
-    cells (forward and backward) and the step's wall time over both passes
-    (CPU clock: on CUDA it times the queueing, not the kernels)."""
-
-    busy: List[float]
-    wall: float
-
-    def fractions(self) -> List[float]:
-        return [min(1.0, busy / self.wall) if self.wall > 0 else 0.0 for busy in self.busy]
-
-
-class CellTime(NamedTuple):
-    """When a cell ran (``time.perf_counter`` seconds), for schedule traces."""
-
-    name: str
-    worker: int
-    phase: str  # "forward" or "backward"
-    start: float
-    end: float
-    work: Optional["Work"] = None
-
-
-_traces: List[List[CellTime]] = []
-
-
-@contextmanager
-def record_cell_times() -> Iterator[List[CellTime]]:
-    """Collect a :class:`CellTime` for every cell run inside the block (CPU
-    wall clock: on CUDA it times the queueing, not the kernels)."""
-    trace: List[CellTime] = []
-    _traces.append(trace)
-    try:
-        yield trace
-    finally:
-        _traces.remove(trace)
-
-
-_labelled: List[bool] = []  # while non-empty, each cell's call is a profiler range named after it
-
-
-@contextmanager
-def labelled_cells() -> Iterator[None]:
-    """Inside the block every cell's forward and backward call is a
-    ``torch.profiler`` range, ``cell NAME (forward)`` / ``(backward)``, so
-    that a trace can be read cell by cell (off by default: a range costs
-    the host time being measured)."""
-    _labelled.append(True)
-    try:
-        yield
-    finally:
-        _labelled.pop()
-
-
-def _label(cell: "Cell", phase: str):
-    """The profiler range of ``cell``'s call, entered (None unless labelled)."""
-    if not _labelled:
-        return None
-    label = torch.autograd.profiler.record_function(f"cell {cell.name} ({phase})")
-    label.__enter__()
-    return label
-
-
-def _note(cell: "Cell", phase: str, start: float) -> None:
-    if _traces:
-        entry = CellTime(cell.name, cell.worker, phase, start, time.perf_counter(), cell.work)
-        for trace in _traces:
-            trace.append(entry)
 
 
 class CellGraph:
@@ -253,7 +183,7 @@ class CellGraph:
         if worker is not None:
             worker.cell, worker.activity = cell.name, f"{cell.name} (forward)"
         previous = seeded_dropout.enter_cell(self.seed + index, device)
-        label = _label(cell, "forward")
+        label = label_call(cell, "forward")
         try:
             outputs = tuple(cell.run(*leaves))
         except torch.OutOfMemoryError as error:
@@ -268,7 +198,7 @@ class CellGraph:
         if cell.outputs is not None and len(outputs) != len(cell.outputs):
             raise RuntimeError(f"{cell.name} returned {len(outputs)} outputs but names {len(cell.outputs)}: "
                                f"{', '.join(cell.outputs)}")
-        _note(cell, "forward", start)
+        note_call(cell, "forward", start)
         self.leaves[index] = leaves if grad_enabled else None
         self.outputs[index] = outputs
         self.events[index] = record_event(device)
@@ -329,7 +259,7 @@ class CellGraph:
         if roots:
             if worker is not None:
                 worker.cell, worker.activity = cell.name, f"{cell.name} (backward)"
-            label = _label(cell, "backward")
+            label = label_call(cell, "backward")
             try:
                 # autograd's engine itself, as torch.autograd.backward calls it, less that
                 # function's checks of gradients made here of the outputs' own shapes
@@ -342,7 +272,7 @@ class CellGraph:
                 if worker is not None:
                     worker.cell = None
         self.busy[cell.worker] += time.perf_counter() - start
-        _note(cell, "backward", start)
+        note_call(cell, "backward", start)
         leaves = self.leaves[index]
         event = record_event(device) if leaves else None
         for position, ref in enumerate(cell.inputs):

@@ -15,7 +15,7 @@ to ``cuda:0``): :func:`keep_on_host` pins it where the group's devices
 queue work on streams, lets fairseq move it, and remembers which host
 tensor each moved one came from; :func:`host_of` answers the step with
 it.  What the step makes on the host is copied from pinned memory by the
-engine's one transfer function (:mod:`.transfer`), so that each copy is
+engine's one transfer function (:mod:`.transport`), so that each copy is
 queued, not waited for.
 """
 
@@ -27,8 +27,7 @@ from typing import Callable, Dict, Iterable, Tuple
 import torch
 from torch import Tensor
 
-from . import streams
-from .transfer import is_host, pinned
+from .transport import has_streams, is_host, pinned
 
 __all__ = ["keep_on_host", "host_of", "on_host", "queues_copies", "remember"]
 
@@ -39,7 +38,7 @@ _host: "OrderedDict[int, Tuple[Tensor, Tensor]]" = OrderedDict()  # id(moved): (
 def queues_copies(devices: Iterable[torch.device]) -> bool:
     """Whether a copy from pinned host memory to one of ``devices`` is
     queued on a stream (CUDA, virtual devices) rather than done at once."""
-    return any(streams.has_streams(torch.device(device)) for device in devices)
+    return any(has_streams(torch.device(device)) for device in devices)
 
 
 def _tensors(sample) -> Dict[str, Tensor]:

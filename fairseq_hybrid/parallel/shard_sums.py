@@ -12,7 +12,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .transfer import arrive
+from .transport import arrive
 
 
 def sum_on(results: Sequence[Tuple[Tensor, ...]], device: torch.device) -> Tuple[Tensor, ...]:

@@ -32,9 +32,9 @@ from torch import Tensor
 from .cell_graph import CellGraph, Ref
 from .replicas import ModelReplicas
 from .p2p import PeerLost
-from .step_cells import build_step
+from .step import build_step
 from .thread_state import ThreadState
-from .transfer import arrive
+from .transport import arrive
 
 PR_SET_PDEATHSIG = 1
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt
@@ -305,8 +305,8 @@ def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: f
         torch.set_num_threads(1)  # one core a CPU device, as a worker thread has
     else:
         torch.cuda.set_device(device)
-    from . import transfer
-    transfer.only_devices([device])
+    from . import transport
+    transport.only_devices([device])
     transport = None
     code = 0
     try:

@@ -33,7 +33,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers torch's reductions: shared buffers cross the pipes)
 from torch import Tensor
 
-from .cell_graph import DeviceUsage
+from .cell_times import DeviceUsage
 from .host_batch import host_of, on_host
 from .shard_sums import sum_on
 from .single_device_masks import draw_single_device_masks

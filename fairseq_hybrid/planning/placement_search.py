@@ -25,7 +25,7 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..parallel import (AUTO, build_hybrid_step, build_plan, chunk_length_option, default_placement,
+from ..parallel import (AUTO, build_step, build_plan, chunk_length_option, default_placement,
                         micro_batches_option, parse_devices, parse_placement, placement_text)
 from .schedule_simulator import CostModel, StepTime, device_flops, step_time
 from .twin_model import batch
@@ -136,8 +136,7 @@ def balanced_shard_weights(model, plan, net_input, target, chunk_length: int = 0
     and the part's work, which grows with the sentences of a shard, fills
     the least loaded devices up to a common level (none for a device
     already above it)."""
-    built = build_hybrid_step(model, plan, net_input, target, lambda *args: args, chunk_length,
-                              micro_batches=micro_batches)
+    built = build_step(model, plan, net_input, target, lambda *args: args, chunk_length, micro_batches)
     other = device_flops(built.step.cells, plan.size, exclude=("attention_softmax",))
     shards = sum(device_flops(built.step.cells, plan.size, kinds=("attention_softmax",)))
     level_low, level_high = min(other), max(other) + shards

@@ -37,7 +37,7 @@ fitted to cell times measured on this machine (:func:`fit`) or given for
 a device we do not have.
 
 :func:`step_time` lays out the cells with the engine's own step builder
-(:mod:`fairseq_hybrid.parallel.step_cells`, on any model, even one whose parameters live on
+(:mod:`fairseq_hybrid.parallel.hybrid_cells`, on any model, even one whose parameters live on
 torch's ``meta`` device) and replays them, so the simulated schedule is
 the engine's schedule, cell for cell.
 """
@@ -50,8 +50,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..parallel import (Cell, CellSpec, CellTime, DevicePlan, DevicePlanError, Work, build_data_parallel_step,
-                        build_hybrid_step, clocks)
+from ..parallel import Cell, CellSpec, CellTime, DevicePlan, DevicePlanError, Work, build_step, clocks
 
 PHASES = ("forward", "backward")
 BYTES_PER_VALUE = 4  # fp32 activations
@@ -437,7 +436,7 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
     ``micro_batches``, ``softmax_chunks``: as ``--hybrid-micro-batches``
     and ``--hybrid-softmax-chunks`` (hybrid and model mode)."""
     if plan.mode == "data":
-        built = build_data_parallel_step(model, plan, net_input, target, _no_loss)
+        built = build_step(model, plan, net_input, target, _no_loss)
         single = DevicePlan([plan.devices[0]], [0] * len(plan.encoder), [0] * len(plan.decoder), "hybrid")
         shard_cost: Dict[int, Tuple[float, float]] = {}  # by the shard's first row
 
@@ -445,15 +444,15 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
             rows = slice(*cell.work.sizes)
             if rows.start not in shard_cost:
                 sub_input = {key: value[rows] for key, value in net_input.items()}
-                sub = build_hybrid_step(model, single, sub_input, target[rows], _no_loss, chunk_length)
+                sub = build_step(model, single, sub_input, target[rows], _no_loss, chunk_length)
                 shard_cost[rows.start] = replay(sub.step.cells, 1, cost)
             return shard_cost[rows.start][0 if phase == "forward" else 1]
 
         copies = replica_copies and _copies(built)
         forward, backward = replay(built.step.cells, plan.size, cost, physical_devices, whole_model, copies or ())
     else:
-        built = build_hybrid_step(model, plan, net_input, target, _no_loss, chunk_length,
-                                  micro_batches=micro_batches, softmax_chunks=softmax_chunks)
+        built = build_step(model, plan, net_input, target, _no_loss, chunk_length, micro_batches,
+                           softmax_chunks=softmax_chunks)
         cells = transform(built.step.cells) if transform is not None else built.step.cells
         copies = replica_copies and _copies(built)
         forward, backward = replay(cells, plan.size, cost, physical_devices, copies=copies or ())

@@ -1,4 +1,4 @@
-"""A step cut into cells (parallel/step_cells.py): time chunks, named
+"""A step cut into cells (parallel/hybrid_cells.py): time chunks, named
 outputs, and exactness of the step's less common paths (time chunks,
 several bidirectional layers, explicit placements, prefixes, validation
 without gradients, a dtype change after a step)."""
@@ -10,7 +10,7 @@ from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.parallel.device_plan import build_plan
-from fairseq_hybrid.parallel.step_cells import build_hybrid_step, softmax_groups, time_chunks
+from fairseq_hybrid.parallel import build_step, softmax_groups, time_chunks
 
 
 def test_time_chunks():
@@ -23,7 +23,7 @@ def test_cells_name_their_outputs_and_readers_use_the_names(dictionaries):
     src_dict, tgt_dict = dictionaries
     model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
     sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
-    built = build_hybrid_step(model, build_plan("cpu,cpu", "", "hybrid", 4, 4), sample["net_input"],
+    built = build_step(model, build_plan("cpu,cpu", "", "hybrid", 4, 4), sample["net_input"],
                               sample["target"], None)
     step = built.step
     cells = {cell.name: index for index, cell in enumerate(step.cells)}
@@ -50,7 +50,7 @@ def test_an_attention_softmax_cell_over_several_chunks_reads_each_of_them(dictio
     src_dict, tgt_dict = dictionaries
     model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
     sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
-    step = build_hybrid_step(model, build_plan("cpu,cpu", "", "hybrid", 4, 4), sample["net_input"],
+    step = build_step(model, build_plan("cpu,cpu", "", "hybrid", 4, 4), sample["net_input"],
                              sample["target"], None, chunk_length=4, softmax_chunks=2).step
     assert sample["net_input"]["prev_output_tokens"].size(1) == 11  # chunks of 4, 4 and 3 steps
     cells = {cell.name: index for index, cell in enumerate(step.cells)}
@@ -135,7 +135,7 @@ def test_the_schedule_drawn_in_the_design_notes(dictionaries):
     src_dict, tgt_dict = dictionaries
     model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, encoder_layers=2, decoder_layers=2)
     sample = make_sample(src_dict, tgt_dict, [6, 5, 4, 6], [5, 6, 4, 3])
-    cells = build_hybrid_step(model, build_plan("cpu,cpu", "", "hybrid", 2, 2), sample["net_input"],
+    cells = build_step(model, build_plan("cpu,cpu", "", "hybrid", 2, 2), sample["net_input"],
                               sample["target"], None).step.cells
     drawn = {
         "source embedding": (0, 0), "target embedding": (0, 0),

@@ -1,0 +1,155 @@
+"""A step's batch staged once, before its jobs start: everything a cell
+reads from the batch (token ids, length order, reversal and restore
+indices, packed layouts, padding masks, target positions that count,
+dropout masks) made on the host and put on the device of the cells that
+read it, so that a cell never copies from the host nor waits for it.
+
+Everything is made from the host's batch (:mod:`.host_batch`) and copied
+from pinned memory where the devices queue copies (:mod:`.transport`):
+staging never waits for a device, which on GPUs would stall every worker.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels.fused_output_loss import KeptTargets, kept_targets
+from ..kernels.sorted_packing import PackedLayout, chunk_lengths, sorted_layout
+from .batch_rows import MicroBatch, micro_batches_of, step_rows, softmax_groups, time_chunks
+from .device_plan import DevicePlan
+from .host_batch import host_of, on_host
+from .single_device_masks import SingleDeviceMasks, draw_single_device_masks
+from .transport import arrive, to_devices
+
+
+class StagedShard(NamedTuple):
+    """One worker's whole-model shard of a ``data`` step, on its device
+    (source lengths stay on the host, where packing reads them)."""
+
+    worker: int
+    rows: slice
+    net_input: Dict[str, Tensor]
+    target: Tensor
+    kept: KeptTargets
+    masks: Optional[List[Tensor]]
+
+
+class StagedStep(NamedTuple):
+    """A step's batch staged: its micro-batches (``hybrid``, ``model``) or
+    its whole-model shards (``data``)."""
+
+    micro_batches: List["StagedBatch"]
+    shards: List[StagedShard]
+
+
+def stage_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int = 0,
+               micro_batches: int = 1, single_device_masks: bool = False,
+               masks: Optional[SingleDeviceMasks] = None, softmax_chunks: int = 1) -> StagedStep:
+    """The step's batch, from the host's copy, cut where
+    :func:`.batch_rows.step_rows` decides and put on its devices.
+    ``masks``: the single-device masks drawn already (by the trainer, for
+    stages in processes of their own); else drawn here for the whole batch
+    with ``single_device_masks``, as the single-device model draws them."""
+    net_input, target = on_host(net_input), host_of(target)
+    if single_device_masks and masks is None:
+        masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
+                                         net_input["prev_output_tokens"].size(1), target.size(0))
+    pad = model.decoder.dictionary.pad()
+    pieces = step_rows(plan, net_input, target, micro_batches, pad)
+    if plan.mode == "data":
+        return StagedStep([], [_stage_shard(net_input, target, masks, worker, rows, plan.devices[worker], pad)
+                               for worker, rows in pieces[0].shards])
+    return StagedStep([StagedBatch(model, plan, part, chunk_length, softmax_chunks)
+                       for part in micro_batches_of(net_input, target, masks, pieces)], [])
+
+
+def _stage_shard(net_input: Dict[str, Tensor], target: Tensor, masks: Optional[SingleDeviceMasks], worker: int,
+                 rows: slice, device: torch.device, pad: int) -> StagedShard:
+    kept = _kept_on(target[rows], pad, device)
+    shard_input = {key: value[rows] if key == "src_lengths" else arrive(value[rows], device)
+                   for key, value in net_input.items()}
+    shard_masks = None if masks is None else [arrive(mask, device) for mask in masks.in_order(rows)]
+    return StagedShard(worker, rows, shard_input, arrive(target[rows], device), kept, shard_masks)
+
+
+def _kept_on(target: Tensor, pad: int, device: torch.device) -> KeptTargets:
+    """The positions of host ``target`` that count, found on the host and
+    put on ``device``."""
+    return KeptTargets(*(arrive(t, device) for t in kept_targets(target, pad)))
+
+
+def _packed_layouts(lengths: Tensor, width: int, rows: int, devices) -> Dict[torch.device, Optional[PackedLayout]]:
+    """The packed layout of the running rows of host ``lengths`` (sorted
+    longest first) among ``rows`` on each of ``devices``; None on each
+    where no row runs."""
+    if not len(lengths):
+        return {device: None for device in devices}
+    positions, batch_sizes = sorted_layout(lengths, width)
+    full = len(lengths) == rows and int(lengths[-1]) == width
+    return {device: PackedLayout(on_device, batch_sizes, len(lengths), full)
+            for device, on_device in to_devices(positions, devices).items()}
+
+
+class StagedBatch:
+    """What the cell builders of one micro-batch of a ``hybrid`` or
+    ``model`` step need to know about it (the length order of the encoder
+    rows, the time chunks, the attention-softmax part's shards, the
+    dropout masks to take), and its tensors on the devices of the cells
+    that read them."""
+
+    def __init__(self, model, plan: DevicePlan, part: MicroBatch, chunk_length: int, softmax_chunks: int = 1):
+        net_input, target, masks, shards = part.net_input, part.target, part.masks, part.shards
+        self.index, self.name = part.index, part.name
+        encoder = model.encoder.stack
+        devices = plan.devices
+        src_tokens = encoder.right_padded(net_input["src_tokens"])  # host tensors, all of them
+        src_lengths = net_input["src_lengths"]
+        self.order = torch.sort(src_lengths, descending=True, stable=True).indices
+        self.restore = torch.argsort(self.order)
+        self.sorted_lengths = src_lengths[self.order]
+        self.source_width = src_tokens.size(1)
+        self.source_tokens = int(self.sorted_lengths.sum())
+        self.rows = src_tokens.size(0)
+        self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
+        self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
+        # the target chunks each attention-softmax cell takes, and the time steps they span
+        self.softmax_groups = softmax_groups(len(self.target_chunks), softmax_chunks)
+        self.softmax_spans = [slice(self.target_chunks[group[0]].start, self.target_chunks[group[-1]].stop)
+                              for group in self.softmax_groups]
+        self.shards = [rows for _, rows in shards]
+        self.shard_workers = [worker for worker, _ in shards]
+        self.shard_devices = [devices[worker] for worker in self.shard_workers]
+        self.masks = masks
+
+        # The batch on the devices of the cells that read it.
+        self.sorted_source = arrive(src_tokens.index_select(0, self.order), plan.encoder_device(0))
+        self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
+        self.restore_on = to_devices(self.restore, devices)
+        self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
+                                             devices)
+        # The packed layout of the encoder's rows, whole (the directions of a
+        # bidirectional layer) and per time chunk (the rows still running),
+        # sent with the batch: one gather per cell instead of a copy per step.
+        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices)
+        self.chunk_layouts = [_packed_layouts(chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start),
+                                             chunk.stop - chunk.start, self.rows, devices)
+                              for chunk in self.source_chunks]
+        padding_mask = src_tokens.eq(encoder.padding_idx)
+        pad = model.decoder.dictionary.pad()
+        self.padding_masks, self.targets, self.kept = [], [], []
+        for rows, device in zip(self.shards, self.shard_devices):
+            self.padding_masks.append(arrive(padding_mask[rows], device))
+            pieces = [target[rows, span] for span in self.softmax_spans]
+            self.targets.append([arrive(piece, device) for piece in pieces])
+            self.kept.append([_kept_on(piece, pad, device) for piece in pieces])
+
+    def pick(self, select, device: torch.device) -> Optional[List[Tensor]]:
+        """The mask a cell's one dropout call takes, on the cell's device, or
+        None (draw its own)."""
+        return None if self.masks is None else [arrive(select(self.masks), device)]
+
+    def source_sizes(self) -> List[int]:
+        return [chunk.stop - chunk.start for chunk in self.source_chunks]

@@ -1,0 +1,64 @@
+"""One training step of a ``hybrid_lstm`` model: its batch staged once
+(:mod:`.staging`), cut into cells in the plan's mode
+(:mod:`.hybrid_cells`, :mod:`.data_parallel_cells`), and run on the
+group's workers with its replicas (threads and stages alike)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Dict, Optional, Tuple
+
+from torch import Tensor
+
+from .cell_graph import run_cells
+from .cell_times import DeviceUsage
+from .data_parallel_cells import data_parallel_cells
+from .device_plan import DevicePlan
+from .hybrid_cells import hybrid_cells
+from .replicas import ModelReplicas
+from .shard_sums import sum_on
+from .single_device_masks import SingleDeviceMasks
+from .staging import stage_step
+from .step_builder import BuiltStep
+from .worker import DEFAULT_TIMEOUT, worker_group
+
+
+def build_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
+               chunk_length: int = 0, micro_batches: int = 1, replicas: Optional[ModelReplicas] = None,
+               single_device_masks: bool = False, masks: Optional[SingleDeviceMasks] = None,
+               softmax_chunks: int = 1) -> BuiltStep:
+    """The step's cells in the plan's mode.  ``micro_batches``: how many
+    (:mod:`.batch_rows`); ``softmax_chunks``: the target chunks one
+    attention-softmax cell takes (1: a cell per chunk, which starts as
+    soon as the top decoder layer made it; 0: all of them; fewer cells,
+    less host time, less overlap); ``replicas``: the group's replica
+    caches (fresh ones when not given, as for the planner, which never
+    runs the cells); ``masks``: as :func:`.staging.stage_step`'s."""
+    staged = stage_step(model, plan, net_input, target, chunk_length, micro_batches, single_device_masks, masks,
+                        softmax_chunks)
+    cells = data_parallel_cells if plan.mode == "data" else hybrid_cells
+    return cells(model, plan, staged, shard_loss, replicas)
+
+
+def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT,
+             report_usage: Optional[Callable[[DeviceUsage], None]] = None) -> Tuple[Tensor, ...]:
+    """Run the cells; return the shards' results added on the first shard's
+    device.  The replicas' parameter copies are queued before the jobs
+    start and each worker sends its replica's gradients as soon as its
+    last cell on that replica has run backward (:mod:`.replicas`); after
+    the backward pass they are added into the master parameters, and
+    ``report_usage`` gets how busy each device was."""
+    step = built.step
+    for use in built.replica_uses:
+        use.replicas.prefetch(use.worker, step.devices[use.worker], step)
+    sends = [(use.cells, partial(use.replicas.send, use.worker, step.devices[use.worker]))
+             for use in built.replica_uses]
+
+    def reduce():
+        masters = {id(use.replicas): use.replicas for use in built.replica_uses}
+        for key, replicas in masters.items():  # each master's replicas in worker order
+            replicas.reduce([use.worker for use in built.replica_uses if id(use.replicas) == key])
+
+    results = run_cells(step.cells, worker_group(step.devices), built.results, after_backward=reduce,
+                        timeout=timeout, report_usage=report_usage, after_last_backward=sends)
+    return sum_on(results, results[0][0].device)

@@ -1,0 +1,97 @@
+"""What every step builder shares: the cells collected in order, the
+names their readers refer to them by, and the replicas they use.
+
+Every cell names its outputs (``"h"``, ``"c"``, ``"chunk 2"``,
+``"shard 1"``) and its readers refer to them by name
+(:meth:`StepBuilder.ref`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .cell_graph import Cell, Work
+from .device_plan import DevicePlan
+from .replicas import ModelReplicas, Replicas
+from .wavefront import Ref
+
+
+def chunk_names(count: int) -> List[str]:
+    return [f"chunk {c}" for c in range(count)]
+
+
+def shard_names(count: int) -> List[str]:
+    return [f"shard {k}" for k in range(count)]
+
+
+class StepBuilder:
+    """Collects the cells of one step; ``add`` returns the new cell's index
+    and ``ref`` names one of its outputs for the cells that read it."""
+
+    def __init__(self, model, plan: DevicePlan, replicas: ModelReplicas):
+        self.model = model
+        self.plan = plan
+        self.replicas = replicas
+        self.devices = plan.devices
+        self.cells: List[Cell] = []
+        self.prefix = ""  # names the micro-batch of the cells being added
+        self.not_before = 0  # and the clock it enters the wavefront
+
+    def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
+            work: Optional[Work] = None, outputs: Optional[Sequence[str]] = None) -> int:
+        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run, work, tuple(outputs) if outputs else None,
+                               self.not_before))
+        return len(self.cells) - 1
+
+    def ref(self, cell: int, output: str) -> Ref:
+        names = self.cells[cell].outputs
+        if not names or output not in names:
+            raise KeyError(f"cell {self.cells[cell].name!r} has no output {output!r} (it has {names})")
+        return cell, names.index(output)
+
+
+def join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
+    return torch.cat(list(parts), dim=1 if chunked else -1) if len(parts) > 1 else parts[0]
+
+
+class ReplicaUse(NamedTuple):
+    """The cells of one worker that run on its replica of a part; ``home``:
+    the worker whose device holds the part's master (where its parameters
+    come from and its gradients go)."""
+
+    replicas: Replicas
+    worker: int
+    cells: Tuple[int, ...]
+    home: int
+
+
+class BuiltStep(NamedTuple):
+    step: StepBuilder
+    results: List[int]  # the cells whose outputs are the shards' loss sums
+    # every replica the step uses, in the order of their first cells: of
+    # the attention-softmax part on the shard workers other than its
+    # master's, of reverse directions of bidirectional layers on the
+    # device the placement gives them, of the whole model (data mode) on
+    # workers other than the first
+    replica_uses: Tuple[ReplicaUse, ...] = ()
+
+
+def replica_uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[ReplicaUse]:
+    return [ReplicaUse(replicas, worker, tuple(indices), home) for worker, indices in sorted(cells.items())]
+
+
+def merged_uses(uses: Sequence[ReplicaUse]) -> List[ReplicaUse]:
+    """The uses of one replica by one worker joined into one (its cells of
+    every micro-batch): one parameter copy, one gradient send after the
+    last of them."""
+    merged: Dict[Tuple[int, int], ReplicaUse] = {}
+    for use in uses:
+        key = (id(use.replicas), use.worker)
+        if key in merged:
+            merged[key] = merged[key]._replace(cells=merged[key].cells + use.cells)
+        else:
+            merged[key] = use
+    return list(merged.values())
