@@ -40,6 +40,7 @@ import sys
 from typing import Dict, Optional, Sequence
 
 from fairseq_hybrid.commands import plan
+from fairseq_hybrid.forecasts import workload
 from fairseq_hybrid.training_log import fields, read_curve
 
 MAIN_JOB = ["--arch", "hybrid_lstm_base", "--max-tokens", "2000", "--source-lang", "ja", "--target-lang", "en"]
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
     costs = ["--cost-file", args.cost_file] if args.cost_file else ["--cost-set", args.cost_set]
     try:
         report = table(args.x1, args.x4, args.data, args.gpus, costs)
-    except plan.PlanError as error:
+    except workload.PlanError as error:
         parser.error(str(error))
     text = markdown(report)
     print(text)

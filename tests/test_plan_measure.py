@@ -14,6 +14,7 @@ import torch
 
 from conftest import BIN
 from fairseq_hybrid.commands import plan
+from fairseq_hybrid.forecasts import plan_prices, workload
 from fairseq_hybrid.timing.plan_candidate import padded_tokens
 from fairseq_hybrid.timing.training_steps import rows_of, share_of
 from fairseq_hybrid.timing.cpu_calibration import cpu_costs, ring_bandwidth, scaled
@@ -90,7 +91,7 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
     assert calibration["engine_seconds"] > 0 and calibration["plain_all_threads_seconds"] > 0
     # one code path: the same rows from race() under each round's calibration
     args = plan.parse_training([data, *TINY])
-    load = plan.workload(args, plan.build_parser().parse_args(["--gpus", "2", "--batches", "2"]))
+    load = workload.workload(args, plan.build_parser().parse_args(["--gpus", "2", "--batches", "2"]))
     group = result["rows"][2]
     kept = {2: {key: group[key] for key in ("micro_batches", "chunk_length", "placement")}}
     for index, choices in ((0, None), (1, kept)):
@@ -114,8 +115,8 @@ def test_a_group_priced_with_given_choices_is_priced_as_searched():
     args = plan.parse_training(["-", *TINY])
     own = plan.build_parser().parse_args(["--gpus", "2"])
     plan.check_own(own)
-    load = plan.workload(args, own)
-    costs = plan.costs_for(own, load)
+    load = workload.workload(args, own)
+    costs = plan_prices.costs_for(own, load)
     searched = race(load.model, load.cfg, costs, 2, 16, 20, 20, (1, 2, 4))
     group = searched[2]
     same = race(load.model, load.cfg, costs, 2, 16, 20, 20, (1, 2, 4), choices={2: group.choice})

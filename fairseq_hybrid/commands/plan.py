@@ -48,11 +48,11 @@ import math
 import os
 import shlex
 import sys
-import time
-import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..forecasts.gpu_costs import PUBLISHED_SETS
+from ..forecasts.plan_prices import plan, priced_rows
+from ..forecasts.workload import PlanError, Workload, quietly, workload
 from ..timing.plan_measure import (SET_PER_CANDIDATE, MeasureError, calibrate, devices_of, measure,
                                    measured_lines)
 
@@ -64,30 +64,13 @@ NO_DATA = "-"  # the data folder in a command planned without data
 REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
                     "--hybrid-softmax-chunks", "--update-freq", "--max-tokens", "--batch-size",
                     "--distributed-world-size")
+# bench_host_cost.py on CPU (a copy of docs/bench/host_cost.json, shipped with the package)
+HOST_COST = os.path.join(PACKAGE, "forecasts", "host_cost.json")
 # criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
 # group runs its cells through it, and on one device and under DDP its fused output layer is faster, so every
 # candidate is timed and printed with it in their place
 GROUP_CRITERION = "hybrid_cross_entropy"
 SAME_LOSS = (GROUP_CRITERION, "cross_entropy", "label_smoothed_cross_entropy")
-# bench_host_cost.py on CPU (a copy of docs/bench/host_cost.json, shipped with the package)
-HOST_COST = os.path.join(PACKAGE, "forecasts", "host_cost.json")
-
-
-class PlanError(ValueError):
-    """Input the plan cannot serve: one line for the user, exit status 2."""
-
-
-class Workload:
-    """What one step of the user's command trains: a global batch of
-    ``sentences`` sentences of ``source`` + ``target`` tokens, the model
-    (a parameter-free twin) and its options."""
-
-    def __init__(self, model, cfg, sentences: int, source: int, target: int, where: str,
-                 fewest: Optional[int] = None):
-        self.model, self.cfg = model, cfg
-        self.sentences, self.source, self.target = sentences, source, target
-        self.where = where  # how the shape was found, said in the output
-        self.fewest = fewest  # the fewest sentences of the drawn batches (with data)
 
 
 def split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
@@ -126,14 +109,6 @@ def parse_training(train: List[str]):
     return args
 
 
-def quietly(function, *args):
-    """``function(*args)`` without the warnings fairseq's hydra configs
-    print on every conversion (deprecations, not the user's doing)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return function(*args)
-
-
 def group_sizes(args, gpus: int) -> List[int]:
     """The group sizes the plan can price on ``gpus`` GPUs (those that
     divide them and that the model has layers for), after refusing, as
@@ -165,178 +140,6 @@ def group_sizes(args, gpus: int) -> List[int]:
             raise PlanError(str(error)) from error
         sizes.append(size)
     return sizes
-
-
-def vocabulary_sizes(args, data: Optional[str], default: int) -> Tuple[int, int]:
-    """The source and target vocabularies of the data's dictionaries (as
-    fairseq loads them), else ``default`` for both."""
-    if not data:
-        return default, default
-    from fairseq.data import Dictionary
-
-    pair = (args.source_lang, args.target_lang)
-    if not all(pair):  # as fairseq's translation task infers them: from the split files' names
-        from fairseq.data.data_utils import infer_language_pair
-
-        pair = infer_language_pair(data)
-        if not all(pair):
-            raise PlanError(f"{data}: no language pair found (no SPLIT.SRC-TGT files): give --source-lang and "
-                            "--target-lang, or a folder fairseq-preprocess wrote")
-    sizes = []
-    for lang in pair:
-        path = os.path.join(data, f"dict.{lang}.txt")
-        if not os.path.exists(path):
-            raise PlanError(f"{data}: no dict.{lang}.txt (a folder fairseq-preprocess wrote, with "
-                            "--source-lang and --target-lang given?)")
-        sizes.append(len(Dictionary.load(path)))
-    return sizes[0], sizes[1]
-
-
-def data_shape(args, count: int) -> Tuple[float, float, float, int]:
-    """Mean sentences per batch and mean source and target lengths (padded
-    width, as the simulator pads) of ``count`` training batches drawn by
-    fairseq's batch sampler at the command's ``--max-tokens`` (seed 1, the
-    batches ``--measure`` trains on), and the fewest sentences of them."""
-    from fairseq import tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    from ..timing.training_steps import command_batches
-
-    cfg = quietly(convert_namespace_to_omegaconf, args)
-    task = tasks.setup_task(cfg.task)
-    try:
-        task.load_dataset(cfg.dataset.train_subset)
-    except FileNotFoundError as error:  # fairseq's "Dataset not found: train (...)"
-        raise PlanError(f"{args.data}: no {cfg.dataset.train_subset} split to draw batches from ({error})") from error
-    try:
-        drawn = command_batches(task, args.max_tokens, args.batch_size, count, subset=cfg.dataset.train_subset)
-    except AssertionError as error:  # fairseq's sampler: a sentence longer than --max-tokens (fairseq-train too)
-        raise PlanError(f"{args.data}: fairseq's batch sampler refuses the command: {error}") from error
-    shapes = [(sample["net_input"]["src_tokens"].size(0), sample["net_input"]["src_tokens"].size(1),
-               sample["target"].size(1)) for sample in drawn]
-    if not shapes:
-        raise PlanError(f"{args.data}: no training batches at --max-tokens {args.max_tokens}")
-    means = tuple(sum(shape[i] for shape in shapes) / len(shapes) for i in range(3))
-    return means + (min(shape[0] for shape in shapes),)
-
-
-def workload(args, own) -> Workload:
-    """The global batch of the user's command and its twin model."""
-    from ..planning.twin_model import build_registered, VocabularyOfSize
-
-    import torch
-
-    data = args.data if getattr(args, "data", None) else None
-    if data and not os.path.isdir(data):
-        raise PlanError(f"{data}: no such data folder")
-    update_freq = args.update_freq[0] if args.update_freq else 1
-    source_words, target_words = vocabulary_sizes(args, data, own.vocabulary)
-    options = {key: value for key, value in vars(args).items() if key != "arch"}
-    options.update(hybrid_devices="", hybrid_placement="")
-    with torch.device("meta"):
-        model, cfg = build_registered(args.arch, VocabularyOfSize(source_words), VocabularyOfSize(target_words),
-                                      **options)
-    if data:
-        per_batch, source, target, fewest = data_shape(args, own.batches)
-        where = (f"{own.batches} batches of {data} at --max-tokens {args.max_tokens}: {per_batch:.1f} sentences "
-                 f"of {source:.1f} + {target:.1f} tokens (padded) on average")
-        source, target = round(source), round(target)
-    else:
-        fewest = None
-        source, target = own.sentence_length
-        if args.batch_size:
-            per_batch = args.batch_size
-        elif args.max_tokens:
-            per_batch = args.max_tokens // max(source, target)  # fairseq counts the longer side, padded
-        else:
-            raise PlanError("give --max-tokens or --batch-size in the fairseq-train command")
-        where = f"sentences of {source} + {target} tokens (--sentence-length), {per_batch} a batch"
-    sentences = int(per_batch) * update_freq
-    if sentences < own.gpus:
-        raise PlanError(f"a global batch of {sentences} sentences cannot be split over {own.gpus} GPUs")
-    devices = getattr(own, "devices", None)
-    if devices and fewest is not None and fewest < len(devices):
-        raise PlanError(f"--measure splits each batch's sentences over up to {len(devices)} DDP ranks, but one "
-                        f"of the {own.batches} batches at --max-tokens {args.max_tokens} has {fewest}: give a larger "
-                        "--max-tokens")
-    return Workload(model, cfg, sentences - sentences % own.gpus, source, target,
-                    where + (f", x {update_freq} (--update-freq)" if update_freq > 1 else ""), fewest)
-
-
-def costs_for(own, workload: Workload, host_model: str = "per-device"):
-    """The cost set's function of K (:func:`race.set_costs_of`), the
-    groups' host read as ``host_model``."""
-    from ..forecasts.gpu_costs import set_tokens_per_s
-    from ..forecasts.race import set_costs_of, uniform_batch
-
-    tokens_per_s = set_tokens_per_s(own.cost_set, own.one_device_tokens_per_s or own.file_tokens_per_s)
-    reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
-    try:
-        return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, host_model,
-                            tokens_per_s)
-    except ValueError as error:
-        raise PlanError(f"--one-device-tokens-per-s {tokens_per_s:g}: {error}") from error
-
-
-def priced_rows(load: Workload, own, costs, rank_cost, progress=lambda text: None,
-                choices: Optional[Dict[int, Dict]] = None) -> Tuple[List[Dict], str]:
-    """The race's rows for ``load`` under ``costs`` (``choices``: the
-    groups' choices priced as given, :func:`race.race`), each with its
-    tokens/s, and the fastest's name."""
-    from ..forecasts.race import fastest, race
-
-    rows = race(load.model, load.cfg, costs, own.gpus, load.sentences, load.source, load.target,
-                own.micro_batches, None, group_sizes=own.group_sizes, progress=progress, rank_cost=rank_cost,
-                choices=choices)
-    tokens = load.sentences * (load.source + load.target)
-    ddp = rows[1] if len(rows) > 1 else None
-    table = []
-    for row in rows:
-        entry = row.as_dict(rows[0], ddp)
-        entry["tokens_per_s"] = tokens / row.step.total
-        table.append(entry)
-    return table, fastest(rows).name
-
-
-def by_workers(load: Workload, own, progress) -> Tuple[List[Dict], str]:
-    """On GPUs, every group priced twice: its cells queued by one process
-    (``--hybrid-workers threads``) and by a process per device
-    (``processes``); one GPU and DDP are the same either way.  The rows
-    and the fastest's name."""
-    from ..forecasts.gpu_costs import WORKERS_OF_HOST_MODEL
-
-    tables = {}
-    for host_model, workers in WORKERS_OF_HOST_MODEL.items():
-        progress(f"groups with {workers}")
-        tables[workers], _ = priced_rows(load, own, costs_for(own, load, host_model), None, progress)
-    table = [row for row in tables["processes"] if row["group_size"] == 1]
-    for threads, processes in zip(tables["threads"], tables["processes"]):
-        if threads["group_size"] > 1:
-            for row, workers in ((threads, "threads"), (processes, "processes")):
-                table.append(dict(row, name=f"{row['name']}, {workers}", workers=workers))
-    return table, min(table, key=lambda row: row["step_ms"])["name"]
-
-
-def plan(own, args, progress=print, load: Optional[Workload] = None) -> Dict:
-    """The race for the user's command: its candidates as rows, the
-    fastest's name, and what the prices assumed."""
-    load = load or workload(args, own)
-    progress(f"[plan] global batch: {load.sentences} sentences ({load.where})")
-    costs, rank_cost = own.cpu_costs if own.cpu_costs else (costs_for(own, load), None)
-    started = time.time()
-
-    def step_progress(text: str) -> None:
-        progress(f"[plan] {text} ({time.time() - started:.0f} s so far)")
-
-    if own.cpu_costs:
-        table, fastest_name = priced_rows(load, own, costs, rank_cost, step_progress)
-    else:
-        table, fastest_name = by_workers(load, own, step_progress)
-    return {"gpus": own.gpus, "cost_set": None if own.cpu_costs else own.cost_set, "cost_file": own.cost_file,
-            "measured_on": own.measured_on, "calibration": own.calibration,
-            "host_cost": own.host_cost, "sentences": load.sentences,
-            "source": load.source, "target": load.target, "shape": load.where, "rows": table,
-            "fastest": fastest_name}
 
 
 def round_predictions(result: Dict, load: Workload, own, measured: List[str], progress) -> Callable:

@@ -1,0 +1,87 @@
+"""The race (:func:`.race.race`) for the user's workload, as the rows
+``fairseq-hybrid-plan`` prints: each candidate's tokens/s, the fastest,
+and on GPUs every group priced with one process queueing its cells and
+with a process per device."""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Tuple
+
+from .workload import PlanError, Workload, workload
+
+
+def costs_for(own, workload: Workload, host_model: str = "per-device"):
+    """The cost set's function of K (:func:`race.set_costs_of`), the
+    groups' host read as ``host_model``."""
+    from .gpu_costs import set_tokens_per_s
+    from .race import set_costs_of, uniform_batch
+
+    tokens_per_s = set_tokens_per_s(own.cost_set, own.one_device_tokens_per_s or own.file_tokens_per_s)
+    reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
+    try:
+        return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, host_model,
+                            tokens_per_s)
+    except ValueError as error:
+        raise PlanError(f"--one-device-tokens-per-s {tokens_per_s:g}: {error}") from error
+
+
+def priced_rows(load: Workload, own, costs, rank_cost, progress=lambda text: None,
+                choices: Optional[Dict[int, Dict]] = None) -> Tuple[List[Dict], str]:
+    """The race's rows for ``load`` under ``costs`` (``choices``: the
+    groups' choices priced as given, :func:`race.race`), each with its
+    tokens/s, and the fastest's name."""
+    from .race import fastest, race
+
+    rows = race(load.model, load.cfg, costs, own.gpus, load.sentences, load.source, load.target,
+                own.micro_batches, None, group_sizes=own.group_sizes, progress=progress, rank_cost=rank_cost,
+                choices=choices)
+    tokens = load.sentences * (load.source + load.target)
+    ddp = rows[1] if len(rows) > 1 else None
+    table = []
+    for row in rows:
+        entry = row.as_dict(rows[0], ddp)
+        entry["tokens_per_s"] = tokens / row.step.total
+        table.append(entry)
+    return table, fastest(rows).name
+
+
+def by_workers(load: Workload, own, progress) -> Tuple[List[Dict], str]:
+    """On GPUs, every group priced twice: its cells queued by one process
+    (``--hybrid-workers threads``) and by a process per device
+    (``processes``); one GPU and DDP are the same either way.  The rows
+    and the fastest's name."""
+    from .gpu_costs import WORKERS_OF_HOST_MODEL
+
+    tables = {}
+    for host_model, workers in WORKERS_OF_HOST_MODEL.items():
+        progress(f"groups with {workers}")
+        tables[workers], _ = priced_rows(load, own, costs_for(own, load, host_model), None, progress)
+    table = [row for row in tables["processes"] if row["group_size"] == 1]
+    for threads, processes in zip(tables["threads"], tables["processes"]):
+        if threads["group_size"] > 1:
+            for row, workers in ((threads, "threads"), (processes, "processes")):
+                table.append(dict(row, name=f"{row['name']}, {workers}", workers=workers))
+    return table, min(table, key=lambda row: row["step_ms"])["name"]
+
+
+def plan(own, args, progress=print, load: Optional[Workload] = None) -> Dict:
+    """The race for the user's command: its candidates as rows, the
+    fastest's name, and what the prices assumed."""
+    load = load or workload(args, own)
+    progress(f"[plan] global batch: {load.sentences} sentences ({load.where})")
+    costs, rank_cost = own.cpu_costs if own.cpu_costs else (costs_for(own, load), None)
+    started = time.time()
+
+    def step_progress(text: str) -> None:
+        progress(f"[plan] {text} ({time.time() - started:.0f} s so far)")
+
+    if own.cpu_costs:
+        table, fastest_name = priced_rows(load, own, costs, rank_cost, step_progress)
+    else:
+        table, fastest_name = by_workers(load, own, step_progress)
+    return {"gpus": own.gpus, "cost_set": None if own.cpu_costs else own.cost_set, "cost_file": own.cost_file,
+            "measured_on": own.measured_on, "calibration": own.calibration,
+            "host_cost": own.host_cost, "sentences": load.sentences,
+            "source": load.source, "target": load.target, "shape": load.where, "rows": table,
+            "fastest": fastest_name}
