@@ -18,8 +18,8 @@ reports per cell, forward and backward:
   LSTM kernel op (``mkldnn_rnn_layer`` forward, ``mkldnn_rnn_layer_backward``
   on a CPU), from that same separate run, K = 1 (where every other op also
   pays the counting mode's cost, so the share is if anything too low).  On
-  a CPU that op does the layer's work itself at a fixed cost of 150 us or
-  more even at hidden size 8 (oneDNN sets up its primitive); on a GPU the
+  a CPU that op does the layer's work itself at a fixed cost even at hidden
+  size 8 (oneDNN sets up its primitive); on a GPU the
   same call queues a cuDNN kernel, whose host cost is not this one.
   ``predict_speedups.py`` shows the prediction with and without it;
 * ``outside_cells_us_per_cell``: each worker's step time outside its
@@ -60,7 +60,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.harness.measuring import backward_step, on_device, synchronize
+from fairseq_hybrid.harness.measuring import backward_step, on_device, synchronize, write_report
 from fairseq_hybrid.parallel import record_cell_times
 from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
 
@@ -252,9 +252,7 @@ def main(argv=None) -> int:
               "cores": os.cpu_count(), "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops,
               "lstm_kernel_share_k1_whole": kernel_share, "top_ops_per_cell_k1_whole": top_ops, "rows": rows}
     print(json.dumps(report, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_report(report, args.json)
     return 0
 
 

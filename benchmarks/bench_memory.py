@@ -20,7 +20,7 @@ lists what the replicated parameters (attention-softmax replicas, the
 reverse direction's replica, ``data`` mode's whole-model replicas), their
 gradients and Adam's state cost per device, and what a vocabulary-parallel
 output layer (the output projection's rows split across the group) would
-save.  About 25 minutes on a 2-core CPU for the default table.
+save.
 
     .venv/bin/python benchmarks/bench_memory.py --out docs/bench
 

@@ -17,7 +17,6 @@ ratios, and writes them as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -25,6 +24,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+
+from fairseq_hybrid.harness.measuring import write_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -83,12 +84,8 @@ def main(argv=None) -> int:
             print(f"{round_index + 1:>5}{old:>13.1f}{new:>10.1f}{old / new:>9.3f}x", flush=True)
     median = statistics.median(row["speedup"] for row in rows)
     print(f"median speed-up: {median:.3f}x (updates per second, this checkout over the baseline)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"baseline": baseline, "head": head, "uncommitted_changes": dirty, "steps": args.steps,
-                       "warmup": args.warmup, "threads": args.threads, "rounds": rows, "median_speedup": median},
-                      f, indent=1)
-        print(f"wrote {args.json}")
+    write_report({"baseline": baseline, "head": head, "uncommitted_changes": dirty, "steps": args.steps,
+                  "warmup": args.warmup, "threads": args.threads, "rounds": rows, "median_speedup": median}, args.json)
     return 0
 
 

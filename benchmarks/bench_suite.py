@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 
-from fairseq_hybrid.harness.measuring import NO_DATA, System, batches, build, suite_systems, train_steps
+from fairseq_hybrid.harness.measuring import NO_DATA, System, batches, build, suite_systems, train_steps, write_report
 from fairseq_hybrid.timing.training_steps import LossOf, share_of, spawned
 
 
@@ -204,10 +204,7 @@ def write_outputs(result, out):
                   "(the engine's `devK_busy`, mean of the steps); fill: their mean. Micro-batches and chunk "
                   "length: the mean of what `auto` chose per step (0: K chunks a sequence), where it chose."]
     table = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "bench.md"), "w") as f:
-        f.write(table)
-    with open(os.path.join(out, "bench.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    write_report(result, os.path.join(out, "bench.json"), table)
 
     import matplotlib
 

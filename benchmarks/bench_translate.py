@@ -17,7 +17,6 @@ Writes translate.json and translate.md into --out (default: docs/bench).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import List
 
-from fairseq_hybrid.harness.measuring import cpu_name
+from fairseq_hybrid.harness.measuring import cpu_name, write_report
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SCRIPT = os.path.join(REPO, "recipes", "tatoeba_ja_en", "translate.sh")
@@ -120,15 +119,11 @@ def main(argv=None) -> int:
     table += [f"| {row['system']} | {row['median_seconds']:.1f} | {row['lines_per_second']:.2f} | "
               f"{row['speed_vs_fairseq_interactive']:.2f}x |" for row in rows]
     print("\n".join(table))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "translate.json"), "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
-    with open(os.path.join(args.out, "translate.md"), "w") as f:
-        f.write(f"# Translating a file: lines per second\n\n`benchmarks/bench_translate.py`: {len(lines)} lines of "
-                f"`{report['input']}`, beam {args.beam}, {args.rounds} alternating rounds, whole commands "
-                f"(model loading included), on {report['cpu']} ({report['cores']} cores), "
-                f"checkpoint `{report['checkpoint']}`.\n\n" + "\n".join(table) + "\n")
+    write_report(report, os.path.join(args.out, "translate.json"),
+                 f"# Translating a file: lines per second\n\n`benchmarks/bench_translate.py`: {len(lines)} lines of "
+                 f"`{report['input']}`, beam {args.beam}, {args.rounds} alternating rounds, whole commands "
+                 f"(model loading included), on {report['cpu']} ({report['cores']} cores), "
+                 f"checkpoint `{report['checkpoint']}`.\n\n" + "\n".join(table) + "\n")
     return 0
 
 

@@ -37,6 +37,8 @@ import subprocess
 import sys
 import time
 
+from fairseq_hybrid.harness.measuring import write_report
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "recipes", "tatoeba_ja_en", "run.sh")
 SIDES = ("one", "group")
@@ -183,12 +185,9 @@ def main():
     print(table)
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, run_name("group", args.devices, group_args))
-    with open(stem + ".json", "w") as f:
-        json.dump({"seeds": seeds, "devices": args.devices, "group_args": group_args,
-                   "runs": {side: {str(k): v for k, v in r.items()} for side, r in runs.items()},
-                   "summary": summary, "paired": paired}, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(table)
+    write_report({"seeds": seeds, "devices": args.devices, "group_args": group_args,
+                  "runs": {side: {str(k): v for k, v in r.items()} for side, r in runs.items()},
+                  "summary": summary, "paired": paired}, stem + ".json", table)
     print(f"wrote {stem}.json and {stem}.md")
 
 

@@ -29,7 +29,6 @@ smoke run), in three parts:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -39,7 +38,7 @@ from typing import Dict, List
 import torch
 
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.harness.measuring import backward_step, synchronize
+from fairseq_hybrid.harness.measuring import backward_step, synchronize, write_report
 from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
 from fairseq_hybrid.parallel import keep_on_host, labelled_cells, record_cell_times
 
@@ -198,11 +197,7 @@ def main(argv=None) -> int:
     report = measure(args.device, args.steps)
     text = markdown(report)
     print(text)
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(report, file, indent=2)
-        with open(args.json.rsplit(".", 1)[0] + ".md", "w") as file:
-            file.write(text)
+    write_report(report, args.json, text)
     return 0
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -39,6 +38,8 @@ import time
 from collections import defaultdict
 
 import torch
+
+from fairseq_hybrid.harness.measuring import write_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "recipes", "tatoeba_ja_en")
@@ -55,7 +56,7 @@ def load_measuring():
 
     here = os.path.join(REPO, "fairseq_hybrid")
     for name, folder in (("fairseq_hybrid_here", here), ("fairseq_hybrid_here.harness", os.path.join(here, "harness")),
-                         ("fairseq_hybrid_here.timing", os.path.join(here, "timing"))):
+                    ("fairseq_hybrid_here.timing", os.path.join(here, "timing"))):
         package = types.ModuleType(name)
         package.__path__ = [folder]
         sys.modules.setdefault(name, package)
@@ -189,11 +190,11 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=15, help="ops shown")
     parser.add_argument("--json", default=None, help="write the tables here")
     parser.add_argument("--time-only", action="store_true",
-                        help="no profiler: print the wall time of an update and stop")
+                   help="no profiler: print the wall time of an update and stop")
     parser.add_argument("--package", default=None,
-                        help="a folder holding another fairseq_hybrid (an older checkout) to run instead of this one")
+                   help="a folder holding another fairseq_hybrid (an older checkout) to run instead of this one")
     parser.add_argument("--no-mkldnn", action="store_true",
-                        help="torch.backends.mkldnn off (PyTorch's native LSTM kernels)")
+                   help="torch.backends.mkldnn off (PyTorch's native LSTM kernels)")
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []  # further fairseq-train arguments
     args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
@@ -270,7 +271,7 @@ def main(argv=None):
               f"{total / args.steps * 1000:.1f} ms an update (fairseq_hybrid from {user_dir})")
         return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
-                                with_flops=True) as prof:
+                           with_flops=True) as prof:
         total = sum(update(True) for _ in range(args.steps))
     for obj, attr, original in patched:
         setattr(obj, attr, original)
@@ -344,19 +345,15 @@ def main(argv=None):
     for name, ms in parts.items():
         print(f"{name:<32}{ms:>10.1f}")
 
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"arch": args.arch, "threads": args.threads, "steps": args.steps, "warmup": args.warmup,
-                       "extra": extra, "ms_per_update": per_update * 1000,
-                       "phases_ms_per_update": {k: v / args.steps * 1000 for k, v in phases.items()},
-                       "ops": op_rows,
-                       "ops_all_shapes_ms_per_update": {k: v / args.steps / 1000 for k, v in op_totals},
-                       "forward_parts_ms_per_update": parts,
-                       "matrix_products": matmul, "lstm_kernels": lstm, "sgemm_gflop_per_s": peak,
-                       "heavy_at_sgemm_rate_ms": at_peak_ms,
-                       "torch": torch.__version__}, f, indent=1)
-        print(f"\nwrote {args.json}")
+    write_report({"arch": args.arch, "threads": args.threads, "steps": args.steps, "warmup": args.warmup,
+                  "extra": extra, "ms_per_update": per_update * 1000,
+                  "phases_ms_per_update": {k: v / args.steps * 1000 for k, v in phases.items()},
+                  "ops": op_rows,
+                  "ops_all_shapes_ms_per_update": {k: v / args.steps / 1000 for k, v in op_totals},
+                  "forward_parts_ms_per_update": parts,
+                  "matrix_products": matmul, "lstm_kernels": lstm, "sgemm_gflop_per_s": peak,
+                  "heavy_at_sgemm_rate_ms": at_peak_ms,
+                  "torch": torch.__version__}, args.json)
 
 
 if __name__ == "__main__":

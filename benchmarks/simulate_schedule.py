@@ -30,7 +30,7 @@ import logging
 
 import torch
 
-from fairseq_hybrid.harness.measuring import batches, build, preset_args, suite_systems, train_steps
+from fairseq_hybrid.harness.measuring import batches, build, preset_args, suite_systems, train_steps, write_report
 from fairseq_hybrid.parallel import AUTO, build_plan
 from fairseq_hybrid.planning.chunk_choice import ChunkLengthChooser
 from fairseq_hybrid.timing.cpu_calibration import fitted_cost
@@ -160,9 +160,7 @@ def main(argv=None):
     for name, row in bound.items():
         print(f"  {name}: " + (f"{row['speedup']:.2f}x" if row["speedup"] else "n/a"))
     if args.bound_only:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"dependency_bound": bound}, f, indent=2)
+        write_report({"dependency_bound": bound}, args.json)
         return
     measured = json.load(open(args.measured)) if args.measured else None
     cost, model = calibrate(args.data, samples, args.arch, group_threads=measured["devices"] if measured else 2)
@@ -211,9 +209,7 @@ def main(argv=None):
     for name, row in result["paper_setting"]["predicted"].items():
         print(f"  {name}: " + (f"{row['speedup']:.2f}x" if row["speedup"] else "n/a"))
     print("  the paper: 4.13x to 4.20x (hybrid, 4 GPUs vs 1)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, default=str)
+    write_report(json.loads(json.dumps(result, default=str)), args.json)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from typing import Dict, Optional, Sequence
 
 from fairseq_hybrid.commands import plan
 from fairseq_hybrid.forecasts import workload
+from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.training_log import fields, read_curve
 
 MAIN_JOB = ["--arch", "hybrid_lstm_base", "--max-tokens", "2000", "--source-lang", "ja", "--target-lang", "en"]
@@ -166,11 +167,7 @@ def main(argv=None) -> int:
     text = markdown(report)
     print(text)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "time_to_bleu.json"), "w") as file:
-            json.dump(report, file, indent=2)
-        with open(os.path.join(args.out, "time_to_bleu.md"), "w") as file:
-            file.write(text)
+        write_report(report, os.path.join(args.out, "time_to_bleu.json"), text)
     return 0
 
 

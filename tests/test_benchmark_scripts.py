@@ -83,20 +83,6 @@ def test_bench_suite_ranks_can_split_each_batch(binarized):
     assert tokens("data parallel across 2 gloo processes", "--global-batch") == one
 
 
-@pytest.mark.benchmark
-def test_lstm_call_floor_smoke(tmp_path):
-    """PyTorch's bare LSTM call beside the engine's LSTM cell: ops, times,
-    the kernel's share taken out of both."""
-    out = tmp_path / "floor.json"
-    run(sys.executable, os.path.join(BENCHMARKS, "lstm_call_floor.py"), "--repeats", "5", "--steps", "2", "--json",
-        out, timeout=300)
-    report = json.load(open(out))
-    for entry in report["bare_call"].values():
-        assert entry["op_names"]["aten::mkldnn_rnn_layer"] == 1 and 0 < entry["kernel_share"] < 1
-        assert 0 < entry["without_kernel_us"] < entry["us"]
-    assert report["cell"]["ops"] > report["bare_call"]["packed"]["ops"] and report["cell"]["without_kernel_us"] > 0
-
-
 def test_the_gpu_check_fits_the_machine_that_may_be_lent():
     """One H200 for 15 minutes of device time, start-up included: the
     check's phase limits add up to its 8-minute budget or less."""
@@ -267,20 +253,6 @@ def test_compare_host_cost_refuses_what_is_not_a_revision(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "compare_host_cost.py"), "--old",
                              "no-such-revision"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "neither a directory nor a git revision" in result.stderr
-
-
-@pytest.mark.benchmark
-def test_compile_cell_smoke(tmp_path):
-    """torch.compile against eager for the attention-softmax cell, both
-    forms: per-call times, compile seconds, and the compiled loss within
-    rounding of eager's."""
-    out = tmp_path / "compile.json"
-    run(sys.executable, os.path.join(BENCHMARKS, "compile_cell.py"), "--repeats", "1", "--json", out, timeout=600)
-    report = json.load(open(out))
-    assert [row["cell"] for row in report["rows"]] == ["modules", "fused cell"]
-    for row in report["rows"]:
-        assert row["eager_us"] > 0 and row["compiled_us"] > 0 and row["compile_s"] > 0
-        assert row["relative_difference"] < 1e-4
 
 
 @pytest.mark.slow

@@ -53,17 +53,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..forecasts.gpu_costs import PUBLISHED_SETS
 from ..forecasts.plan_prices import plan, priced_rows
 from ..forecasts.workload import PlanError, Workload, quietly, workload
-from ..timing.plan_measure import (SET_PER_CANDIDATE, MeasureError, calibrate, devices_of, measure,
+from ..owned_options import SET_BY_MEASURE, SET_BY_PLAN
+from ..timing.plan_measure import (MeasureError, calibrate, devices_of, measure,
                                    measured_lines)
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fairseq_hybrid: the --user-dir
 NO_DATA = "-"  # the data folder in a command planned without data
-# the options the printed command sets itself: the batch, the GPUs, the group's choices
-REPLACED_OPTIONS = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
-                    "--hybrid-softmax-chunks", "--update-freq", "--max-tokens", "--batch-size",
-                    "--distributed-world-size")
 # bench_host_cost.py on CPU (a copy of docs/bench/host_cost.json, shipped with the package)
 HOST_COST = os.path.join(PACKAGE, "forecasts", "host_cost.json")
 # criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
@@ -189,7 +186,7 @@ def with_group_criterion(train: List[str]) -> List[str]:
 def command_for(row: Dict, train: List[str], args, sentences: int, devices: Optional[Sequence[str]] = None) -> str:
     """The command line that runs ``row`` at the same global batch (on
     ``devices``; default the first GPUs)."""
-    rest = with_group_criterion(["DATA" if token == NO_DATA else token for token in without(train, REPLACED_OPTIONS)])
+    rest = with_group_criterion(["DATA" if token == NO_DATA else token for token in without(train, SET_BY_PLAN)])
     rest += ["--user-dir", PACKAGE] if "--user-dir" not in train else []
     per = row["sentences_per_group"]
     batch = (["--batch-size", str(per)] if args.batch_size or not args.max_tokens else
@@ -337,7 +334,7 @@ def measuring_setup(own, args, train: List[str], progress) -> List[str]:
     if args.update_freq and args.update_freq[0] > 1:
         raise PlanError("--measure times one batch a step: give --update-freq 1 (and the global batch as "
                         "--max-tokens or --batch-size)")
-    measured = with_group_criterion(without(train, SET_PER_CANDIDATE))
+    measured = with_group_criterion(without(train, SET_BY_MEASURE))
     if own.devices[0] == "cpu":
         from ..timing.cpu_calibration import cpu_costs
 

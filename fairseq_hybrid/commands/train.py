@@ -31,15 +31,10 @@ import sys
 from typing import List, Optional
 
 from .. import rank_liveness as liveness
+from ..owned_options import SET_BY_TRAIN
 
 # the package's folder: fairseq imports it as --user-dir (and checkpoints record it)
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# fairseq-train options the launcher sets; giving them too is an error.
-OWNED = (
-    "--distributed-world-size", "--distributed-rank", "--distributed-init-method", "--distributed-no-spawn",
-    "--distributed-backend", "--ddp-backend", "--hybrid-devices", "--device-id", "--distributed-port",
-)
 
 
 def parse(argv: Optional[List[str]] = None):
@@ -69,7 +64,7 @@ def parse(argv: Optional[List[str]] = None):
                         ("--nnodes", args.nnodes)):
         if value < 1:
             parser.error(f"{name} must be at least 1, got {value}")
-    for option in OWNED:
+    for option in SET_BY_TRAIN:
         if any(arg == option or arg.startswith(option + "=") for arg in train_args):
             parser.error(f"{option} is set by fairseq-hybrid-train; leave it out of the fairseq-train arguments")
     return args, train_args

@@ -35,9 +35,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 __all__ = ["MeasureError", "devices_of", "runner_command", "calibrate", "measure", "measured_lines"]
 
-# the options the candidates set themselves (the batch is the user's, split by rows for DDP's ranks)
-SET_PER_CANDIDATE = ("--hybrid-devices", "--hybrid-placement", "--hybrid-chunk-length", "--hybrid-micro-batches",
-                     "--hybrid-softmax-chunks", "--distributed-world-size", "--cpu")
 WARMUP = 2  # untimed steps before the timed ones
 RUN_TIMEOUT_S = 1800
 
