@@ -59,8 +59,13 @@ def test_simulate_schedule_smoke(binarized, tmp_path):
     assert "with 2 (a group's main thread)" in cost["note"]
     measured = json.load(open(suite / "bench.json"))["systems"]
     assert set(result["validation"]) == {name for name, row in measured.items() if row["kind"] == "group"}
-    assert all(row["predicted"] > 0 for row in result["validation"].values())
-    assert result["this_machine"]["hybrid K=2"]["speedup"] > 0 and result["paper_setting"]["predicted"]["hybrid K=4"]
+    for row in result["validation"].values():  # each prediction set against its measured speed-up
+        assert row["error"] == pytest.approx(row["predicted"] / row["measured"] - 1)
+    this = result["this_machine"]
+    assert this["hybrid K=1"]["speedup"] == 1.0  # a speed-up over K = 1, priced step by step
+    assert this["hybrid K=2"]["speedup"] == pytest.approx(this["hybrid K=1"]["seconds_per_step"] /
+                                                          this["hybrid K=2"]["seconds_per_step"])
+    assert result["paper_setting"]["predicted"]["hybrid K=4"]
 
 
 def test_bench_suite_refuses_fewer_batches_than_processes(binarized):
@@ -230,7 +235,9 @@ def test_bench_one_device_runs_the_baseline_from_its_own_tree(binarized, tmp_pat
     result = run(sys.executable, os.path.join(BENCHMARKS, "bench_one_device.py"), binarized / "bin", "--baseline",
                  "HEAD", "--rounds", "1", "--steps", "2", "--warmup", "1", "--json", out, timeout=300)
     report = json.load(open(out))
-    assert len(report["rounds"]) == 1 and report["rounds"][0]["baseline_ms"] > 0 and report["median_speedup"] > 0
+    (round_,) = report["rounds"]
+    assert round_["speedup"] == pytest.approx(round_["baseline_ms"] / round_["this_ms"])
+    assert report["median_speedup"] == round_["speedup"] and report["baseline"] == report["head"]
     assert "median speed-up" in result.stdout
 
 
