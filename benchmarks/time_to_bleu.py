@@ -39,6 +39,7 @@ import os
 import sys
 from typing import Dict, Optional, Sequence
 
+from fairseq_hybrid import train_command
 from fairseq_hybrid.commands import plan
 from fairseq_hybrid.forecasts import workload
 from fairseq_hybrid.harness.measuring import write_report
@@ -97,7 +98,7 @@ def rates(data: str, update_freq: int, gpus: int, costs: Sequence[str]) -> Dict[
     job's batch times ``update_freq`` on ``gpus`` GPUs (the plan's race)."""
     own = plan.build_parser().parse_args(["--gpus", str(gpus), *costs])
     plan.check_own(own)
-    args = plan.parse_training([data, *MAIN_JOB, "--update-freq", str(update_freq)])
+    args = train_command.parse_training([data, *MAIN_JOB, "--update-freq", str(update_freq)])
     own.group_sizes = plan.group_sizes(args, gpus)
     result = plan.plan(own, args, progress=lambda text: print(text, file=sys.stderr, flush=True))
     return {row["name"]: result["sentences"] / (row["step_ms"] / 1e3) for row in result["rows"]}

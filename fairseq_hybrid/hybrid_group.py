@@ -70,9 +70,9 @@ class HybridGroupConfig(FairseqDataclass):
         default="",
         metadata={
             "help": "for --hybrid-placement auto and --hybrid-chunk-length auto: cell costs measured on your "
-            "devices, the JSON file that benchmarks/simulate_schedule.py --json writes (or a cost model saved "
-            "alone); empty: every floating-point operation costs the same (plus, for the chunk length, the "
-            "host time per cell measured on CPU)"
+            "devices, a cost file that fairseq-hybrid-plan calibrate writes (or a cost model saved alone); "
+            "empty: every floating-point operation costs the same (plus, for the chunk length, the host time "
+            "per cell measured on CPU)"
         },
     )
     hybrid_chunk_length: str = field(

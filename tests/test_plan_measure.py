@@ -14,6 +14,7 @@ import torch
 
 from conftest import BIN
 from fairseq_hybrid.commands import plan
+from fairseq_hybrid import train_command
 from fairseq_hybrid.forecasts import plan_prices, workload
 from fairseq_hybrid.timing.plan_candidate import padded_tokens
 from fairseq_hybrid.timing.training_steps import rows_of, share_of
@@ -90,7 +91,7 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
     assert "fitted to" in calibration["one_thread"]["note"] and "cell times" in calibration["one_thread"]["note"]
     assert calibration["engine_seconds"] > 0 and calibration["plain_all_threads_seconds"] > 0
     # one code path: the same rows from race() under each round's calibration
-    args = plan.parse_training([data, *TINY])
+    args = train_command.parse_training([data, *TINY])
     load = workload.workload(args, plan.build_parser().parse_args(["--gpus", "2", "--batches", "2"]))
     group = result["rows"][2]
     kept = {2: {key: group[key] for key in ("micro_batches", "chunk_length", "placement")}}
@@ -112,7 +113,7 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
 def test_a_group_priced_with_given_choices_is_priced_as_searched():
     """race(choices=...) prices the group at the choices given, without a
     search: at the search's own choices the same step, at others another."""
-    args = plan.parse_training(["-", *TINY])
+    args = train_command.parse_training(["-", *TINY])
     own = plan.build_parser().parse_args(["--gpus", "2"])
     plan.check_own(own)
     load = workload.workload(args, own)

@@ -42,68 +42,26 @@ before every later round, each round compared with its own price)::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import math
 import os
 import shlex
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..forecasts.gpu_costs import PUBLISHED_SETS
 from ..forecasts.plan_prices import plan, priced_rows
-from ..forecasts.workload import PlanError, Workload, quietly, workload
+from ..forecasts.workload import Workload, quietly, workload
 from ..owned_options import SET_BY_MEASURE, SET_BY_PLAN
+from ..train_command import (GROUP_CRITERION, NO_DATA, SAME_LOSS, PlanError, parse_training, split_command,
+                             with_group_criterion, without)
 from ..timing.plan_measure import (MeasureError, calibrate, devices_of, measure,
                                    measured_lines)
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fairseq_hybrid: the --user-dir
-NO_DATA = "-"  # the data folder in a command planned without data
 # bench_host_cost.py on CPU (a copy of docs/bench/host_cost.json, shipped with the package)
 HOST_COST = os.path.join(PACKAGE, "forecasts", "host_cost.json")
-# criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
-# group runs its cells through it, and on one device and under DDP its fused output layer is faster, so every
-# candidate is timed and printed with it in their place
-GROUP_CRITERION = "hybrid_cross_entropy"
-SAME_LOSS = (GROUP_CRITERION, "cross_entropy", "label_smoothed_cross_entropy")
-
-
-def split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """The plan's own options and the fairseq-train command after ``--``
-    (its program name, if given, dropped)."""
-    argv = list(argv)
-    if "--" not in argv:
-        raise PlanError("give your fairseq-train command after --, e.g. fairseq-hybrid-plan --gpus 4 -- "
-                        "fairseq-train DATA --arch hybrid_lstm_paper --max-tokens 6400")
-    cut = argv.index("--")
-    train = argv[cut + 1:]
-    if train and os.path.basename(train[0]) in ("fairseq-train", "fairseq-hybrid-train"):
-        train = train[1:]
-    if not train:
-        raise PlanError("the fairseq-train command after -- is empty")
-    return argv[:cut], train
-
-
-def parse_training(train: List[str]):
-    """The user's command as fairseq parses it (``fairseq_hybrid`` imported
-    first, so its architectures and options are registered)."""
-    from .. import models  # noqa: F401  (registers hybrid_lstm)
-    from fairseq import options
-
-    parser = options.get_training_parser()
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said):
-            args = options.parse_args_and_arch(parser, train)
-    except SystemExit as exit_:
-        lines = [line for line in said.getvalue().splitlines() if line.strip()]
-        message = lines[-1].split("error:", 1)[-1].strip() if lines else "it exits"
-        raise PlanError(f"fairseq-train refuses the command: {message}") from exit_
-    if args.data == NO_DATA:
-        args.data = ""
-    return args
 
 
 def group_sizes(args, gpus: int) -> List[int]:
@@ -161,28 +119,6 @@ def round_predictions(result: Dict, load: Workload, own, measured: List[str], pr
     return predicted
 
 
-def without(train: List[str], names: Sequence[str]) -> List[str]:
-    """``train`` without the options ``names`` and their values."""
-    out, skip = [], False
-    for token in train:
-        if skip:
-            skip = False
-            continue
-        name = token.split("=", 1)[0]
-        if name in names:
-            skip = "=" not in token
-            continue
-        out.append(token)
-    return out
-
-
-def with_group_criterion(train: List[str]) -> List[str]:
-    """``train`` with the criterion a group runs its cells through (the
-    same loss as the command's, :data:`SAME_LOSS`), which every candidate
-    runs."""
-    return without(train, ("--criterion",)) + ["--criterion", GROUP_CRITERION]
-
-
 def command_for(row: Dict, train: List[str], args, sentences: int, devices: Optional[Sequence[str]] = None) -> str:
     """The command line that runs ``row`` at the same global batch (on
     ``devices``; default the first GPUs)."""
@@ -211,8 +147,10 @@ def command_for(row: Dict, train: List[str], args, sentences: int, devices: Opti
 
 def report(result: Dict, train: List[str], args, devices: Optional[Sequence[str]] = None) -> str:
     if result.get("calibration"):
+        source = (f"the calibration in {result['cost_file']} ({result['measured_on']})" if result.get("cost_file")
+                  else "the cost model calibrated on this machine")
         where = (f"{result['gpus']} CPU devices (a GPU below is one CPU device; one device runs with all "
-                 f"{result['gpus']} threads), priced with the cost model calibrated on this machine")
+                 f"{result['gpus']} threads), priced with {source}")
     elif result.get("cost_file"):
         where = f"{result['gpus']} GPU(s), the cost file {result['cost_file']} ({result['measured_on']})"
     else:
@@ -259,9 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cost-set", default="a100", help=f"the GPUs' assumed costs: {', '.join(PUBLISHED_SETS)} "
                         "(default a100)")
     parser.add_argument("--cost-file", default=None,
-                        help="a cost set one GPU measured (benchmarks/gpu_check.py --phases calibrate writes it): "
-                        "its LSTM curve, host time per cell and tokens/s replace --cost-set's, --host-cost and "
-                        "the published tokens/s")
+                        help="a cost file: one GPU's (benchmarks/gpu_check.py --phases calibrate writes it), whose "
+                        "LSTM curve, host time per cell and tokens/s replace --cost-set's, --host-cost and the "
+                        "published tokens/s; or this machine's CPU devices' (fairseq-hybrid-plan calibrate cpu,...), "
+                        "with which they are priced as --measure would")
     parser.add_argument("--one-device-tokens-per-s", type=float, default=None,
                         help="one GPU's source + target tokens/s at 128 sentences of 50 + 50 tokens, measured on "
                         "yours (default: the set's published figure; the p100 set has a FLOP rate of its own)")
@@ -288,10 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_own(own) -> None:
-    """Refuse bad options with one line; a cost file is registered as a set
-    of its own and takes the place of ``--cost-set`` and ``--host-cost``."""
+    """Refuse bad options with one line; a GPU's cost file is registered as
+    a set of its own and takes the place of ``--cost-set`` and
+    ``--host-cost``, a CPU calibration prices CPU devices."""
     own.devices = devices_of(own.measure, own.gpus, PlanError) if own.measure is not None else None
-    own.cpu_costs, own.calibration = None, None  # set by --measure on CPU devices (measuring_setup)
+    own.cpu_costs, own.calibration = None, None  # CPU devices': a CPU cost file's, or --measure's
     if own.gpus is None:
         if own.devices is None:
             raise PlanError("--gpus N: the GPUs you have (or --measure DEVICES)")
@@ -304,14 +244,18 @@ def check_own(own) -> None:
         raise PlanError(f"--batches {own.batches} --rounds {own.rounds}: at least 1 each")
     own.file_tokens_per_s, own.measured_on = None, ""
     if own.cost_file:
-        from ..forecasts.cost_file import CostFileError, register
+        from ..forecasts.cost_file import CPU, CostFileError, load, register
 
         try:
-            measured = register(own.cost_file)
+            data = load(own.cost_file)
+            measured = None if data.get("kind") == CPU else register(own.cost_file)
         except CostFileError as error:
             raise PlanError(f"--cost-file {error}") from error
-        own.cost_set, own.host_cost = measured.name, own.cost_file
-        own.file_tokens_per_s, own.measured_on = measured.tokens_per_s, measured.measured_on
+        if measured is None:
+            cpu_file(own, data)
+        else:
+            own.cost_set, own.host_cost = measured.name, own.cost_file
+            own.file_tokens_per_s, own.measured_on = measured.tokens_per_s, measured.measured_on
     else:
         if own.cost_set not in PUBLISHED_SETS:
             raise PlanError(f"--cost-set {own.cost_set}: unknown, one of {', '.join(PUBLISHED_SETS)}")
@@ -321,6 +265,21 @@ def check_own(own) -> None:
         raise PlanError("--sentence-length takes SOURCE,TARGET")
     if own.one_device_tokens_per_s is not None and own.one_device_tokens_per_s <= 0:
         raise PlanError("--one-device-tokens-per-s must be above 0")
+
+
+def cpu_file(own, data) -> None:
+    """A calibration of CPU devices (``fairseq-hybrid-plan calibrate``)
+    prices the candidates as ``--measure`` on those devices would, without
+    measuring again."""
+    from ..timing.cpu_calibration import cpu_costs
+
+    devices = len(data["devices"])
+    if own.gpus != devices:
+        raise PlanError(f"--cost-file {own.cost_file}: a calibration of {devices} CPU devices: give --gpus {devices}")
+    if own.devices and own.devices[0] != "cpu":
+        raise PlanError(f"--cost-file {own.cost_file} calibrated CPU devices, --measure names {own.measure}")
+    own.calibration, own.measured_on = data["calibration"], data["measured_on"]
+    own.cpu_costs = cpu_costs(own.calibration)
 
 
 def measuring_setup(own, args, train: List[str], progress) -> List[str]:
@@ -335,7 +294,7 @@ def measuring_setup(own, args, train: List[str], progress) -> List[str]:
         raise PlanError("--measure times one batch a step: give --update-freq 1 (and the global batch as "
                         "--max-tokens or --batch-size)")
     measured = with_group_criterion(without(train, SET_BY_MEASURE))
-    if own.devices[0] == "cpu":
+    if own.devices[0] == "cpu" and own.cpu_costs is None:  # (a calibration's cost file: priced already)
         from ..timing.cpu_calibration import cpu_costs
 
         own.calibration = calibrate(measured, own.devices, own.batches,
@@ -346,6 +305,10 @@ def measuring_setup(own, args, train: List[str], progress) -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "calibrate":
+        from .calibrate import main as calibrate
+
+        return calibrate(argv[1:])
     try:
         if argv and argv[0] in ("-h", "--help"):
             build_parser().print_help()

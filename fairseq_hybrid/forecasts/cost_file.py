@@ -1,5 +1,14 @@
-"""A cost file: what one GPU machine measured, as a cost set the simulator
-and the planner price with (``--cost-file``) in place of published figures.
+"""A cost file: what a machine measured, in the one format that
+``fairseq-hybrid-plan --cost-file`` and ``--hybrid-cost-model`` read.
+
+Two kinds.  A GPU's (``benchmarks/gpu_check.py --phases calibrate``) is a
+cost set the simulator and the planner price with in place of published
+figures, as below.  A CPU calibration (``"kind": "cpu"``, written by
+``fairseq-hybrid-plan calibrate cpu,...``: what ``--measure`` calibrates)
+holds the command's model's cost model on this machine's CPU devices
+(``cost_model``, which ``--hybrid-cost-model`` reads, as it reads any file
+with one) and the calibration it came from (``calibration``), with which
+the plan prices CPU devices without measuring again.
 
 The named sets (``p100``, ``a100``, ``v100``) take an LSTM layer's time per
 step by batch from DeepBench's V100, the host time per cell from a CPU, and
@@ -30,9 +39,13 @@ from typing import Dict, List
 
 from . import gpu_costs
 
-__all__ = ["CostFileError", "CostFile", "load", "register", "write"]
+__all__ = ["CostFileError", "CostFile", "CPU", "load", "register", "write", "write_cpu"]
 
 PHASES = ("forward", "backward")
+CPU = "cpu"  # the kind of a CPU calibration
+# what pricing CPU devices reads of a calibration (timing.cpu_calibration.cpu_costs)
+CALIBRATION_KEYS = ("one_thread", "engine_seconds", "plain_seconds", "plain_all_threads_seconds", "slowdown",
+                    "reduce_bandwidth", "threads")
 
 
 class CostFileError(ValueError):
@@ -76,6 +89,13 @@ def load(path: str) -> Dict:
         raise CostFileError(f"{path}: not a JSON cost file ({error})") from error
     if not isinstance(data, dict):
         raise CostFileError(f"{path}: not a JSON cost file (an object expected)")
+    if data.get("kind") == CPU:
+        calibration = data.get("calibration")
+        missing = [key for key in CALIBRATION_KEYS if not isinstance(calibration, dict) or key not in calibration]
+        if missing or not isinstance(data.get("cost_model"), dict) or not data.get("devices"):
+            raise CostFileError(f"{path}: a CPU calibration needs 'devices', 'cost_model' and a 'calibration' with "
+                                f"{', '.join(CALIBRATION_KEYS)}; write it with fairseq-hybrid-plan calibrate")
+        return data
     if data.get("base") not in gpu_costs.NAMED_SETS:
         raise CostFileError(f"{path}: 'base' must name one of {', '.join(sorted(gpu_costs.NAMED_SETS))}")
     tokens = data.get("one_device_tokens_per_s")
@@ -94,6 +114,9 @@ def register(path: str) -> CostFile:
     curve; its host time is read from the same file (``host_cost``), which
     :func:`gpu_costs.host_fixed` takes in place of a host-cost report."""
     data = load(path)
+    if data.get("kind") == CPU:
+        raise CostFileError(f"{path}: a calibration of CPU devices, which prices CPU devices only "
+                            "(fairseq-hybrid-plan --cost-file); a GPU forecast needs a GPU's cost file")
     name = f"file:{os.path.basename(path)}"
     base = data["base"]
     gpu_costs.COST_SETS[name] = dict(gpu_costs.COST_SETS[base])
@@ -125,5 +148,27 @@ def write(path: str, *, base: str, tokens_per_s: float, lstm_seconds: Dict, host
     }
     with open(path, "w") as file:
         json.dump(data, file, indent=2)
+    load(path)
+    return data
+
+
+def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str, command: str) -> Dict:
+    """Write a CPU calibration (``plan_candidate.run_calibrate``'s) as a
+    cost file; checked by loading it back."""
+    data = {
+        "what": "a calibration of CPU devices on the command's model and batches (fairseq_hybrid.forecasts.cost_file, "
+                "written by fairseq-hybrid-plan calibrate): its cells' cost model with one thread, which "
+                "--hybrid-cost-model reads, and what pricing K such devices needs besides",
+        "kind": CPU,
+        "measured_on": measured_on,
+        "devices": list(devices),
+        "command": command,
+        "cost_model": calibration["one_thread"],
+        "calibration": calibration,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as file:
+        json.dump(data, file, indent=2)
+        file.write("\n")
     load(path)
     return data

@@ -10,10 +10,8 @@ import os
 import warnings
 from typing import Optional, Tuple
 
+from ..train_command import PlanError
 
-
-class PlanError(ValueError):
-    """Input the plan cannot serve: one line for the user, exit status 2."""
 
 
 class Workload:

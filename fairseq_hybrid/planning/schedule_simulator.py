@@ -200,17 +200,18 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str) -> "CostModel":
-        """The cost model in ``path``: ``benchmarks/simulate_schedule.py
-        --json`` output (its ``cost_model``) or a cost model alone.  A
-        missing or malformed file is a DevicePlanError naming it (the file
-        is given as ``--hybrid-cost-model``)."""
+        """The cost model in ``path``: a cost file's ``cost_model``
+        (``fairseq-hybrid-plan calibrate``; ``benchmarks/simulate_schedule.py
+        --json`` writes one too) or a cost model alone.  A missing or
+        malformed file is a DevicePlanError naming it (the file is given as
+        ``--hybrid-cost-model``)."""
         try:
             with open(path) as f:
                 data = json.load(f)
             return cls(**data.get("cost_model", data))
         except (OSError, ValueError, TypeError, AttributeError) as error:
             raise DevicePlanError(f"--hybrid-cost-model {path}: not a cost model ({error}); write one with "
-                                  "benchmarks/simulate_schedule.py DATA --json FILE") from error
+                                  "fairseq-hybrid-plan calibrate cpu,... --out FILE -- fairseq-train ...") from error
 
 
 OUTLIER_SPREAD = 5.0  # a cell further off the robust fit than this many median deviations is left out

@@ -43,35 +43,36 @@ class MeasureError(RuntimeError):
     """A measuring run failed (not the user's input): its tail and exit status 1."""
 
 
-def devices_of(text: str, gpus: Optional[int], error: Callable[[str], Exception]) -> List[str]:
+def devices_of(text: str, gpus: Optional[int], error: Callable[[str], Exception], option: str = "--measure"
+               ) -> List[str]:
     """The devices ``--measure`` names (``cpu,cpu`` or ``cuda:0,cuda:1``),
     each there, all of one kind, as many as ``--gpus``."""
     import torch
 
     devices = [device.strip() for device in text.split(",") if device.strip()]
     if not devices:
-        raise error(f"--measure {text!r}: name the devices, e.g. cpu,cpu or cuda:0,cuda:1")
+        raise error(f"{option} {text!r}: name the devices, e.g. cpu,cpu or cuda:0,cuda:1")
     parsed = []
     for device in devices:
         try:
             parsed.append(torch.device(device))
         except RuntimeError:
-            raise error(f"--measure: {device!r} is not a device (cpu or cuda:N)") from None
+            raise error(f"{option}: {device!r} is not a device (cpu or cuda:N)") from None
         if parsed[-1].type not in ("cpu", "cuda"):
-            raise error(f"--measure: {device}: the plan measures on cpu or cuda devices")
+            raise error(f"{option}: {device}: the plan measures on cpu or cuda devices")
     if len({device.type for device in parsed}) > 1:
-        raise error(f"--measure {text}: all devices of one kind (cpu or cuda)")
+        raise error(f"{option} {text}: all devices of one kind (cpu or cuda)")
     for index, (device, name) in enumerate(zip(parsed, devices)):
         if device.type == "cuda":
             there = torch.cuda.device_count() if torch.cuda.is_available() else 0
             number = device.index if device.index is not None else index
             if number >= there:
-                raise error(f"--measure: {name} is not there (this machine has {there} CUDA device(s))")
+                raise error(f"{option}: {name} is not there (this machine has {there} CUDA device(s))")
             devices[index] = f"cuda:{number}"
     if devices[0].startswith("cuda") and len(set(devices)) < len(devices):
-        raise error(f"--measure {text}: each GPU once")
+        raise error(f"{option} {text}: each GPU once")
     if gpus is not None and gpus != len(devices):
-        raise error(f"--gpus {gpus} but --measure names {len(devices)} device(s)")
+        raise error(f"--gpus {gpus} but {option} names {len(devices)} device(s)")
     return devices
 
 

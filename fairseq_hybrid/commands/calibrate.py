@@ -1,0 +1,99 @@
+"""``fairseq-hybrid-plan calibrate DEVICES``: this machine's devices
+measured once on the user's command, written as a cost file that
+``fairseq-hybrid-plan --cost-file`` and ``--hybrid-cost-model`` read::
+
+  fairseq-hybrid-plan calibrate cpu,cpu --out costs.json -- \\
+      fairseq-train data-bin --arch hybrid_lstm_base --max-tokens 2000
+  fairseq-hybrid-plan --gpus 2 --cost-file costs.json -- fairseq-train data-bin ...
+  fairseq-train data-bin ... --hybrid-devices cpu,cpu --hybrid-placement auto --hybrid-cost-model costs.json
+
+On CPU devices it is what ``--measure`` calibrates before it prices the
+candidates (:func:`fairseq_hybrid.timing.plan_measure.calibrate`: the
+engine's cells fitted, the model with 1 and K threads, K copies at once,
+gloo's all-reduce), on batches of the command's data.  GPUs are measured
+by ``benchmarks/gpu_check.py --phases calibrate`` (its host time per cell
+needs the test harness's stand-in model), into a GPU cost file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import time
+from typing import List, Optional, Sequence
+
+from ..forecasts.cost_file import write_cpu
+from ..owned_options import SET_BY_MEASURE
+from ..timing.plan_measure import MeasureError, calibrate, devices_of
+from ..train_command import PlanError, parse_training, split_command, with_group_criterion, without
+
+__all__ = ["main"]
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise PlanError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="fairseq-hybrid-plan calibrate", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("devices", metavar="DEVICES", help="the devices to calibrate: cpu,cpu,... (K of them)")
+    parser.add_argument("--out", required=True, help="the cost file to write (JSON)")
+    parser.add_argument("--batches", type=int, default=8, help="batches of the command's data timed (default 8)")
+    return parser
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def calibrated_command(train: List[str], batches: int) -> List[str]:
+    """The user's command as the calibration runs it, refused in one line
+    where it cannot: the data folder is needed, one batch a step."""
+    args = parse_training(train)
+    if not args.data:
+        raise PlanError("calibrate trains on the command's data: give the data folder, not -")
+    if not os.path.isdir(args.data):
+        raise PlanError(f"{args.data}: no such data folder")
+    if args.update_freq and args.update_freq[0] > 1:
+        raise PlanError("calibrate times one batch a step: give --update-freq 1")
+    if batches < 1:
+        raise PlanError(f"--batches {batches}: at least 1")
+    return with_group_criterion(without(train, SET_BY_MEASURE))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = sys.argv[2:] if argv is None else list(argv)
+    try:
+        own_argv, train = split_command(argv)
+        own = build_parser().parse_args(own_argv)
+        if "cuda" in own.devices:
+            raise PlanError(f"{own.devices}: calibrate measures CPU devices; a GPU's cost file is written by "
+                            "benchmarks/gpu_check.py --phases calibrate")
+        devices = devices_of(own.devices, None, PlanError, "calibrate")
+        command = calibrated_command(train, own.batches)
+        said = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731
+        calibration = calibrate(command, devices, own.batches, said)
+        import torch
+
+        measured_on = f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+        write_cpu(own.out, calibration, devices, measured_on, shlex.join(["fairseq-train", *train]))
+    except PlanError as error:
+        print(f"fairseq-hybrid-plan calibrate: {error}", file=sys.stderr)
+        return 2
+    except MeasureError as error:
+        print(f"fairseq-hybrid-plan calibrate: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {own.out}: {len(devices)} CPU devices, {measured_on}")
+    return 0

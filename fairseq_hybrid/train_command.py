@@ -1,0 +1,79 @@
+"""The user's fairseq-train command line, as the package's commands take
+it: split off after ``--``, parsed as fairseq parses it, and with the
+options a command sets itself dropped or replaced."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from typing import List, Sequence, Tuple
+
+NO_DATA = "-"  # the data folder in a command planned without data
+# criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
+# group runs its cells through it, and on one device and under DDP its fused output layer is faster, so every
+# candidate is timed and printed with it in their place
+GROUP_CRITERION = "hybrid_cross_entropy"
+SAME_LOSS = (GROUP_CRITERION, "cross_entropy", "label_smoothed_cross_entropy")
+
+
+class PlanError(ValueError):
+    """Input the plan cannot serve: one line for the user, exit status 2."""
+
+
+def split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """The plan's own options and the fairseq-train command after ``--``
+    (its program name, if given, dropped)."""
+    argv = list(argv)
+    if "--" not in argv:
+        raise PlanError("give your fairseq-train command after --, e.g. fairseq-hybrid-plan --gpus 4 -- "
+                        "fairseq-train DATA --arch hybrid_lstm_paper --max-tokens 6400")
+    cut = argv.index("--")
+    train = argv[cut + 1:]
+    if train and os.path.basename(train[0]) in ("fairseq-train", "fairseq-hybrid-train"):
+        train = train[1:]
+    if not train:
+        raise PlanError("the fairseq-train command after -- is empty")
+    return argv[:cut], train
+
+
+def parse_training(train: List[str]):
+    """The user's command as fairseq parses it (``fairseq_hybrid`` imported
+    first, so its architectures and options are registered)."""
+    from . import models  # noqa: F401  (registers hybrid_lstm)
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            args = options.parse_args_and_arch(parser, train)
+    except SystemExit as exit_:
+        lines = [line for line in said.getvalue().splitlines() if line.strip()]
+        message = lines[-1].split("error:", 1)[-1].strip() if lines else "it exits"
+        raise PlanError(f"fairseq-train refuses the command: {message}") from exit_
+    if args.data == NO_DATA:
+        args.data = ""
+    return args
+
+
+def without(train: List[str], names: Sequence[str]) -> List[str]:
+    """``train`` without the options ``names`` and their values."""
+    out, skip = [], False
+    for token in train:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in names:
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+def with_group_criterion(train: List[str]) -> List[str]:
+    """``train`` with the criterion a group runs its cells through (the
+    same loss as the command's, :data:`SAME_LOSS`), which every candidate
+    runs."""
+    return without(train, ("--criterion",)) + ["--criterion", GROUP_CRITERION]
