@@ -37,7 +37,7 @@ the end one JSON file and one Markdown table (``--out``, default
               size, which replaces the tiny model's in the cost file
   calibrate   what the predictions assume, measured, and written as a cost
               file (cost_file.json in --out) that fairseq-hybrid-plan and
-              fair_race.py read with --cost-file: the host time per cell on
+              fair_race_global.py read with --cost-file: the host time per cell on
               this GPU machine (bench_host_cost.py --device cuda), an LSTM
               layer's time per step at batches 16 to 512 (hidden 1024: what
               lstm_batch_efficiency.json takes from DeepBench), one device's
@@ -375,7 +375,7 @@ def phase_workers(args, result):
 def phase_calibrate(args, result):
     """What the predictions assume, measured where they would run, and
     written as a cost file (``COST_FILE``; ``fairseq_hybrid.forecasts.cost_file``)
-    that ``fairseq-hybrid-plan --cost-file`` and ``fair_race.py --cost-file``
+    that ``fairseq-hybrid-plan --cost-file`` and ``fair_race_global.py --cost-file``
     price with: the host time per cell, an LSTM layer's time per step by
     batch, one device's tokens/s.  Then the measured side of the
     predictions: a group of 4 by chunk length and micro-batches.  On CPU a
@@ -640,7 +640,7 @@ def markdown(report):
                   for r in workers["rows"]]
     calibrate = report["phases"].get("calibrate", {})
     if calibrate.get("cost_file"):
-        lines += ["", f"Cost file: `{COST_FILE}` (`fairseq-hybrid-plan --cost-file`, `fair_race.py --cost-file`)."]
+        lines += ["", f"Cost file: `{COST_FILE}` (`fairseq-hybrid-plan --cost-file`, `fair_race_global.py --cost-file`)."]
     return "\n".join(lines) + "\n"
 
 

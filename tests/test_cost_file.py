@@ -94,7 +94,7 @@ def test_a_bad_cost_file_gets_one_line_and_exit_status_2(case, tmp_path, capsys)
 
 
 def test_the_race_of_fair_race_prices_with_a_cost_file(tmp_path):
-    """fair_race.py --cost-file races under the file's set ('measured') as
+    """fair_race_global.py --cost-file races under the file's set ('measured') as
     it does under the named sets: a file of the a100 set's figures gives
     the a100 set's rows."""
     import os
@@ -105,7 +105,7 @@ def test_the_race_of_fair_race_prices_with_a_cost_file(tmp_path):
 
     path = tmp_path / "a100_again.json"
     write_file(path)
-    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--only-global",
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race_global.py"), "--no-mlperf",
                     "--host-cost", plan.HOST_COST, "--global-sets", "a100", "--flat-sets", "none",
                     "--cost-file", str(path),
                     "--global-gpus", "4", "--global-batches", "128", "--scale-gpus", "8", "--scale-per-gpu", "32",

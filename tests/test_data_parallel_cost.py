@@ -80,7 +80,7 @@ def test_the_fair_race_table(tmp_path):
     a fraction above 1/K), and the group at K x 128 sentences beside DDP at
     128 per GPU in both cost sets."""
     subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--micro-batches", "1,2",
-                    "--lengths", "0", "--groups", "2", "--no-eight", "--global-sets", "none", "--out", str(tmp_path)],
+                    "--lengths", "0", "--groups", "2", "--no-eight", "--out", str(tmp_path)],
                    check=True, capture_output=True, cwd=REPO)
     report = json.loads((tmp_path / "fair_race.json").read_text())
     assert len(report["bounds"]) == 4
@@ -107,16 +107,16 @@ def test_the_fair_race_table(tmp_path):
 
 
 def test_the_race_at_a_fixed_global_batch(tmp_path):
-    """fair_race.py's race at a fixed global batch on small settings: DDP
+    """fair_race_global.py's race at a fixed global batch on small settings: DDP
     at B/K per GPU, one group of K at B, groups under DDP at their share,
     each against one GPU at B; at scale, groups of 2 and 4 under DDP
     against DDP step for step; the table says which is which."""
-    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--micro-batches", "1,2",
-                    "--lengths", "0", "--groups", "2", "--no-eight", "--no-plain", "--no-gnmt", "--host-models",
-                    "queued", "--global-sets", "p100", "--global-gpus", "2,4", "--global-batches", "64,1024",
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race_global.py"), "--micro-batches", "1,2",
+                    "--lengths", "0", "--no-mlperf", "--flat-sets", "none", "--host-models", "queued",
+                    "--global-sets", "p100", "--global-gpus", "2,4", "--global-batches", "64,1024",
                     "--scale-gpus", "8", "--scale-per-gpu", "16", "--out", str(tmp_path)],
                    check=True, capture_output=True, cwd=REPO)
-    table = json.loads((tmp_path / "fair_race.json").read_text())["global_batch"]
+    table = json.loads((tmp_path / "fair_race_global.json").read_text())["global_batch"]
     fixed, scale = table["sets"]["p100"]["fixed"], table["sets"]["p100"]["scale"]
     # 1024 leaves DDP above 128 per GPU on 2 and 4 GPUs: left out; 64 on 2 and on 4 GPUs
     assert [(rows[1]["gpus"], rows[0]["sentences_per_group"]) for rows in fixed] == [(2, 64), (4, 64)]
@@ -128,7 +128,7 @@ def test_the_race_at_a_fixed_global_batch(tmp_path):
         assert row["vs_ddp"] == pytest.approx(row["speedup"] / four[1]["speedup"])
     assert [(row["name"], row["sentences_per_group"]) for row in scale[0][1:]] == [
         ("DDP on 8", 16), ("4 groups of 2 under DDP", 32), ("2 groups of 4 under DDP", 64)]
-    text = (tmp_path / "fair_race.md").read_text()
+    text = (tmp_path / "fair_race_global.md").read_text()
     assert "At a fixed global batch of B sentences" in text and "| 4 | 64 | 16 |" in text
     assert "| p100 | 16 | 8 |" in text
     assert os.path.getsize(tmp_path / "fair_race_map.png") > 1000  # the map of the regimes
@@ -221,17 +221,16 @@ def test_the_fair_race_on_real_batches(binarized, tmp_path):
 
 
 def test_the_race_at_a_fixed_global_batch_on_real_batches(binarized, tmp_path):
-    """With --data and --only-global: global batches drawn by fairseq's
+    """fair_race_global.py with --data: global batches drawn by fairseq's
     sampler, every way on the same sentences on 4 GPUs (DDP's ranks a
     quarter each, two groups of two half each), against one GPU on them."""
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    from fair_race import split_rows
+    from fairseq_hybrid.forecasts.real_batches import split_rows
 
     part = ([5, 4, 4, 3, 3, 2, 2], [6, 5, 5, 4, 4, 3, 2])
     pieces = split_rows(part, 4)
     assert [len(piece[0]) for piece in pieces] == [2, 2, 2, 1]
     assert sum((piece[0] for piece in pieces), []) == part[0] and sum((piece[1] for piece in pieces), []) == part[1]
-    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race.py"), "--only-global", "--no-mlperf",
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race_global.py"), "--no-mlperf",
                     "--micro-batches", "1,2", "--global-sets", "p100", "--global-gpus", "4", "--global-batches", "64",
                     "--scale-gpus", "8", "--scale-per-gpu", "16", "--flat-sets", "none", "--data",
                     str(binarized / "bin"), "--global-real-tokens", "400,800", "--real-steps", "2", "--out",
@@ -277,29 +276,29 @@ def test_the_two_readings_of_the_host_time(tmp_path):
 
 
 def test_the_calibration_against_mlperf_and_the_pcie_set():
-    """fair_race.py's MLPerf calibration: solved for MLPerf's 256-per-GPU
+    """fair_race_global.py's MLPerf calibration: solved for MLPerf's 256-per-GPU
     figure, DDP on 8 GPUs gives it back (the all-reduce hidden), and 32 per
     GPU gets fewer tokens/s per GPU; the v100-pcie set is the v100 set on a
     slower link."""
     import argparse
 
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    import fair_race
+    import fair_race_global
     from fairseq_hybrid.forecasts.gpu_costs import COST_SETS, MLPERF_GNMT_V100
 
     args = argparse.Namespace(vocabulary=32000, host_models=["queued"],
                               host_cost=os.path.join(REPO, "docs", "bench", "host_cost.json"))
-    calibration = fair_race.mlperf_calibration(args)
+    calibration = fair_race_global.mlperf_calibration(args)
     mlperf = calibration["rows"]["MLPerf at 256 per GPU"]["tokens_per_s_per_gpu"]
     assert mlperf[256] == pytest.approx(MLPERF_GNMT_V100[256][1], rel=0.02)
     for row in calibration["rows"].values():
         assert 0 < row["ratio_32_to_256"] < 1
-    assert "| MLPerf v0.6, measured | 90,300 | 38,900 | 0.43 |" in "\n".join(fair_race.mlperf_markdown(calibration))
+    assert "| MLPerf v0.6, measured | 90,300 | 38,900 | 0.43 |" in "\n".join(fair_race_global.mlperf_markdown(calibration))
     assert COST_SETS["v100-pcie"]["link_bandwidth"] < COST_SETS["v100"]["link_bandwidth"]
 
 
 def test_replica_copies_free_is_a_ceiling_of_the_links():
-    """race(replica_copies=False), fair_race.py --free-replica-copies: the
+    """race(replica_copies=False), fair_race_global.py --free-replica-copies: the
     what-if of replicas whose copies cost nothing prices no group slower
     than with its copies, on a link slow enough for the copies to show,
     and leaves one GPU and DDP as they were."""

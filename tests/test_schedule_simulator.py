@@ -8,7 +8,8 @@ import torch
 from fairseq_hybrid.parallel.cell_graph import Cell, Work
 from fairseq_hybrid.parallel.device_plan import build_plan
 from fairseq_hybrid.planning.twin_model import batch, twin_model
-from fairseq_hybrid.planning.schedule_simulator import ReplicaCopy, CostModel, fit, flops, replay, step_time
+from fairseq_hybrid.planning.cost_fit import fit
+from fairseq_hybrid.planning.schedule_simulator import ReplicaCopy, CostModel, flops, replay, step_time
 from fairseq_hybrid.parallel import build_step
 
 

@@ -29,7 +29,7 @@ from ..planning.placement_search import best_placement
 from ..planning.schedule_simulator import CostModel, StepTime
 from ..planning.twin_model import batch
 from .data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes
-from .gpu_costs import STEP_US, best_chunk_length, predicted_step, set_costs, set_rate
+from .gpu_costs import STEP_US, best_chunk_length, predicted_step, set_costs, set_rate, set_tokens_per_s
 
 __all__ = ["Costs", "set_costs_of", "searched", "best_group", "chosen", "uniform_batch", "Candidate", "race",
            "group_sizes_for", "plan_for", "fastest"]
@@ -38,10 +38,12 @@ Costs = Callable[[int], Tuple[CostModel, CostModel]]  # K -> (a group of K's cos
 
 
 def set_costs_of(name: str, model, cfg, reference_sample, host_cost: Optional[str], host_model: str,
-                 tokens_per_s: float) -> Costs:
+                 tokens_per_s: Optional[float] = None) -> Costs:
     """The named cost set (``p100``, ``a100``, ``v100``) under
     ``host_model``, its FLOP rate solved on one device's step of
-    ``reference_sample`` for ``tokens_per_s`` (the P100 set has its own)."""
+    ``reference_sample`` for ``tokens_per_s`` (None: the set's published
+    one-GPU figure; the P100 set has a rate of its own)."""
+    tokens_per_s = set_tokens_per_s(name, tokens_per_s)
     step_us = STEP_US[name]
     rate = set_rate(name, model, cfg, reference_sample, host_cost, step_us, host_model, tokens_per_s)
     return lambda k: set_costs(name, host_cost, k, step_us, rate, host_model)

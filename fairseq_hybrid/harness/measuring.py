@@ -139,6 +139,35 @@ def batches(task, max_tokens: int, count: int, max_positions=(64, 64)):
     return drawn
 
 
+
+def real_batch_lengths(data: str, max_tokens: int, count: int):
+    """``count`` training batches of ``data`` as fairseq's batch sampler
+    draws them for one GPU at ``max_tokens`` (shuffled, seed 1): each its
+    source and target lengths (:mod:`fairseq_hybrid.forecasts.real_batches`)."""
+    from ..forecasts.real_batches import lengths_of
+
+    task = task_of(data)
+    return lengths_of(batches(task, max_tokens, count, max_positions=(1024, 1024)), task.target_dictionary.pad())
+
+
+def integers(text: str) -> List[int]:
+    """A script's option of comma-separated whole numbers."""
+    return [int(value) for value in text.split(",") if value.strip()]
+
+
+def host_models(text: str) -> List[str]:
+    """A script's option of ways to price the host time
+    (:data:`fairseq_hybrid.forecasts.gpu_costs.HOST_MODELS`)."""
+    import argparse
+
+    from ..forecasts.gpu_costs import HOST_MODELS
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in HOST_MODELS:
+            raise argparse.ArgumentTypeError(f"{name!r}: each one of {', '.join(HOST_MODELS)}")
+    return names
+
 # -- one step ------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ it (``tests/test_import_structure.py``); the test harness alone hooks
 into the workers' thread state and streams.
 """
 
-from .batch_rows import softmax_groups, time_chunks
+from .batch_rows import batch_slices, softmax_groups, time_chunks
 from .cell_graph import Cell, Work
 from .cell_times import CellTime, DeviceUsage, labelled_cells, record_cell_times
 from .device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build_plan, check_options, chunk_length_option,
@@ -32,10 +32,10 @@ from .wavefront import CellSpec, clocks
 from .worker import DEFAULT_TIMEOUT
 
 __all__ = [
-    "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DeviceUsage", "DevicePlan", "DevicePlanError",
-    "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "Work", "build_plan", "build_step", "check_options",
-    "chunk_length_option", "clocks",
-    "default_placement", "host_of", "keep_on_host", "labelled_cells", "micro_batches_option", "on_host",
-    "parse_devices", "parse_placement", "placement_text", "plan_table", "record_cell_times", "run_step",
-    "softmax_chunks_option", "softmax_groups", "step_scope", "time_chunks",
+    "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DevicePlan", "DevicePlanError", "DeviceUsage",
+    "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "Work", "batch_slices", "build_plan", "build_step",
+    "check_options", "chunk_length_option", "clocks", "default_placement", "host_of", "keep_on_host",
+    "labelled_cells", "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text",
+    "plan_table", "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "step_scope",
+    "time_chunks",
 ]

@@ -24,7 +24,8 @@ from typing import Dict, Sequence, Tuple
 import torch
 
 from ..parallel import record_cell_times
-from ..planning.schedule_simulator import CostModel, fit, samples_from_trace
+from ..planning.cost_fit import fit, samples_from_trace
+from ..planning.schedule_simulator import CostModel
 from .training_steps import train_steps
 
 __all__ = ["timed_steps", "fitted_cost", "scaled", "cpu_costs", "ring_bandwidth"]
