@@ -104,8 +104,8 @@ def global_batch_markdown(table: Dict) -> List[str]:
     lines = ["", f"At a fixed global batch of B sentences ({table['sentence'][0]} + {table['sentence'][1]} tokens; "
              f"{readings[table['host_model']]}): DDP at B/K sentences per GPU, one group of K at B, groups of 2 or "
              "4 under DDP each at their share; tokens/s over one GPU at B, and in brackets the step of DDP over "
-             "the row's (above 1: faster than DDP); each group at its best micro-batches, chunk length and "
-             "placement:", ""]
+             "the row's (above 1: faster than DDP); each group at its best micro-batches, chunk length, "
+             "attention-softmax chunks and placement:", ""]
     if table.get("measured_on"):
         lines += [f"The measured set is a cost file (`--cost-file`): {table['measured_on']}.", ""]
     if table.get("replica_copies", "priced") != "priced":

@@ -134,6 +134,31 @@ def test_the_race_at_a_fixed_global_batch(tmp_path):
     assert os.path.getsize(tmp_path / "fair_race_map.png") > 1000  # the map of the regimes
 
 
+def test_the_committed_race_at_a_fixed_global_batch_is_what_the_script_prints(tmp_path):
+    """docs/bench/fair_race_global.json, which the README's rule of when to
+    use what quotes, reproduced to the digit by fair_race_global.py for a
+    corner of it (the P100 set: 64 sentences on 2 GPUs, and 16 per GPU on
+    8): a change that moves the race's prices shows here."""
+    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "fair_race_global.py"), "--host-cost",
+                    os.path.join(REPO, "docs", "bench", "host_cost.json"), "--global-sets", "p100", "--flat-sets",
+                    "none", "--no-mlperf", "--global-gpus", "2", "--global-batches", "64", "--scale-gpus", "8",
+                    "--scale-per-gpu", "16", "--out", str(tmp_path)], check=True, capture_output=True, cwd=REPO)
+    fresh = json.loads((tmp_path / "fair_race_global.json").read_text())["global_batch"]["sets"]["p100"]
+    committed = json.load(open(os.path.join(REPO, "docs", "bench", "fair_race_global.json")))["global_batch"]
+    committed = committed["sets"]["p100"]
+
+    def rows(table, kind, gpus, per_gpu):
+        (found,) = [rows for rows in table[kind]
+                    if rows[1]["gpus"] == gpus and rows[1]["sentences_per_group"] == per_gpu]
+        return found
+
+    for kind, gpus, per_gpu in (("fixed", 2, 32), ("scale", 8, 16)):
+        for mine, theirs in zip(rows(fresh, kind, gpus, per_gpu), rows(committed, kind, gpus, per_gpu), strict=True):
+            assert mine.keys() == theirs.keys()
+            assert mine == {key: pytest.approx(value, rel=1e-9) if isinstance(value, float) else value
+                            for key, value in theirs.items()}
+
+
 def test_small_lstm_batches_run_at_a_gpus_lower_throughput():
     """The GPU cost sets price an LSTM cell by its batch (DeepBench's V100
     LSTM, forecasts/lstm_batch_efficiency.json): less below 128 sentences,
