@@ -48,26 +48,31 @@ def test_the_plan_predicts_what_the_race_predicts(tmp_path, capsys):
     assert result["fastest"] == fastest
     assert f"{fastest}" in printed.out and "<- fastest" in printed.out
     command = printed.out.split("Run the fastest with:")[1].strip()
-    if fastest.endswith(", processes"):
-        assert "--hybrid-workers processes" in command
+    assert ("--hybrid-workers processes" in command) == fastest.endswith(", processes")
     assert "--batch-size 64" in command and "--update-freq" not in command  # the global batch in one step
     assert "[plan] pricing a group of 4 at 64 sentences" in printed.err  # progress
 
 
-def test_the_plan_reads_the_batch_shape_from_the_data(binarized, capsys):
+def test_the_plan_reads_the_batch_shape_from_the_data(binarized, tmp_path, capsys):
     """With the data folder: fairseq's sampler at the command's
     --max-tokens gives the shape; DDP's command keeps the global batch
-    (--max-tokens split over the GPUs)."""
-    data = str(binarized / "bin")
-    code = plan.main(["--gpus", "2", "--batches", "5", "--micro-batches", "1", "--", "fairseq-train", data,
-                      "--arch", "hybrid_lstm_tiny", "--max-tokens", "400", "--source-lang", "ja",
-                      "--target-lang", "en"])
+    (--max-tokens split over the GPUs), the group's takes it whole."""
+    data, out = str(binarized / "bin"), tmp_path / "plan.json"
+    train = [data, "--arch", "hybrid_lstm_tiny", "--max-tokens", "400", "--source-lang", "ja", "--target-lang", "en"]
+    code = plan.main(["--gpus", "2", "--batches", "5", "--micro-batches", "1", "--json", str(out), "--",
+                      "fairseq-train", *train])
     printed = capsys.readouterr()
     assert code == 0, printed.err
     assert f"5 batches of {data} at --max-tokens 400" in printed.err
-    assert "one group of 2" in printed.out and "DDP on 2" in printed.out
-    if "DDP on 2" in printed.out.split("<- fastest")[0].splitlines()[-1]:
-        assert "--max-tokens 200 --distributed-world-size 2" in printed.out
+    result = json.loads(out.read_text())
+    rows = {row["name"]: row for row in result["rows"]}
+    args = plan.parse_training(train)
+    ddp = plan.command_for(rows["DDP on 2"], train, args, result["sentences"])
+    group = plan.command_for(rows["one group of 2, threads"], train, args, result["sentences"])
+    assert ddp.endswith("--max-tokens 200 --distributed-world-size 2")
+    assert "--max-tokens 400 --hybrid-devices cuda:0,cuda:1" in group
+    fastest = plan.command_for(rows[result["fastest"]], train, args, result["sentences"])
+    assert printed.out.rstrip().endswith(fastest)  # the command printed is the fastest's
 
 
 BASE = ["-", "--arch", "hybrid_lstm_base", "--batch-size", "8"]
