@@ -22,26 +22,13 @@ import re
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 
-from fairseq_hybrid.harness.measuring import write_report
+from fairseq_hybrid.harness.measuring import export_tree, write_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PROFILE = os.path.join(HERE, "profile_training.py")
-
-
-def export(ref: str, folder: str) -> str:
-    """The tree of ``ref`` in ``folder`` (its commit id returned)."""
-    commit = subprocess.check_output(["git", "-C", REPO, "rev-parse", "--verify", f"{ref}^{{commit}}"],
-                                     text=True).strip()
-    archive = os.path.join(folder, "tree.tar")
-    subprocess.check_call(["git", "-C", REPO, "archive", "--format=tar", "-o", archive, commit, "fairseq_hybrid"])
-    with tarfile.open(archive) as tar:
-        tar.extractall(folder, filter="data")
-    os.remove(archive)
-    return commit
 
 
 def ms_per_update(data: str, steps: int, warmup: int, threads: int, package: str = None) -> float:
@@ -72,7 +59,7 @@ def main(argv=None) -> int:
     dirty = bool(subprocess.check_output(["git", "-C", REPO, "status", "--porcelain", "fairseq_hybrid"], text=True))
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_one_device_") as folder:
-        baseline = export(args.baseline, folder)
+        baseline = export_tree(REPO, args.baseline, folder)
         print(f"baseline {baseline[:10]} ({args.baseline}) against this checkout {head[:10]}"
               f"{' with uncommitted changes' if dirty else ''}; {args.steps} updates after {args.warmup}, "
               f"{args.threads} threads")

@@ -39,24 +39,14 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from typing import Dict, List, Sequence
 
+from fairseq_hybrid.harness.measuring import export_tree
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("attention_softmax", "lstm")
-
-
-def export(revision: str, folder: str) -> str:
-    """``revision``'s package and benchmark scripts, exported into ``folder``."""
-    archive = os.path.join(folder, "tree.tar")
-    subprocess.check_call(["git", "-C", HERE, "archive", "--format=tar", "-o", archive, revision, "fairseq_hybrid",
-                           "benchmarks"])
-    with tarfile.open(archive) as tar:
-        tar.extractall(folder)
-    os.remove(archive)
-    return folder
 
 
 def run_once(tree: str, k: int, steps: int, chunk_length: int = 0, extra: Sequence[str] = (),
@@ -180,7 +170,8 @@ def main(argv=None) -> int:
             if subprocess.run(["git", "-C", HERE, "rev-parse", "--verify", "--quiet", old + "^{commit}"],
                               capture_output=True).returncode != 0:
                 parser.error(f"--old {old}: neither a directory nor a git revision")
-            old = export(old, folder)
+            export_tree(HERE, old, folder, ("fairseq_hybrid", "benchmarks"))
+            old = folder
         for tree in (old, args.new):
             if not os.path.isfile(os.path.join(tree, "benchmarks", "bench_host_cost.py")):
                 parser.error(f"{tree}: no benchmarks/bench_host_cost.py there")

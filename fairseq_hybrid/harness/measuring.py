@@ -246,6 +246,22 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def export_tree(repo: str, ref: str, folder: str, paths=("fairseq_hybrid",)) -> str:
+    """``paths`` of ``repo`` at ``ref`` (a commit, branch or tag) written
+    into ``folder``, so that a script can run an earlier version's package
+    beside this one's; the commit id returned."""
+    import subprocess
+    import tarfile
+
+    commit = subprocess.check_output(["git", "-C", repo, "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                                     text=True).strip()
+    archive = os.path.join(folder, "tree.tar")
+    subprocess.check_call(["git", "-C", repo, "archive", "--format=tar", "-o", archive, commit, *paths])
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder, filter="data")
+    os.remove(archive)
+    return commit
+
 def write_report(report: Dict, json_path: Optional[str], markdown: Optional[str] = None) -> None:
     """``report`` as JSON at ``json_path`` and, where given, its Markdown
     table beside it (same name, ``.md``); folders made as needed."""
