@@ -31,7 +31,6 @@ all its devices), on CUDA ``max_memory_allocated`` per device.
 """
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -41,7 +40,8 @@ import threading
 import time
 
 from fairseq_hybrid.harness.measuring import NO_DATA, System, batches, build, suite_systems, train_steps, write_report
-from fairseq_hybrid.timing.training_steps import LossOf, share_of, spawned
+from fairseq_hybrid.timing import ddp_rank
+from fairseq_hybrid.timing.training_steps import share_of, spawned
 
 
 def system_named(name: str, k: int) -> System:
@@ -82,35 +82,21 @@ def gloo_process(rank, k, data, max_tokens, count, port, global_batch, results):
     on every K-th batch, or with ``global_batch`` on its share of every
     batch's sentences."""
     import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(1)
-    # A bounded wait: a rank that dies or falls out of step ends the run with
-    # an error instead of leaving the others blocked in a collective.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=k,
-                            timeout=datetime.timedelta(minutes=5))
+    ddp_rank.join(rank, k, port)
     task, model, criterion, _ = build_system(data, System("one device", "one_device"), 1, "cpu")
-    step = torch.nn.parallel.DistributedDataParallel(LossOf(model, criterion))
+    loss = ddp_rank.ddp_loss(model, criterion)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     samples = batches(task, max_tokens, count + 2)
-
-    def train_on(chosen):
-        # the DDP wrapper stands in for the criterion: it runs model and loss
-        return train_steps(model, lambda _, sample: step(sample), optimizer, chosen)[0]
-
     if global_batch:
         pad = task.target_dictionary.pad()
         warm, timed = ([share_of(sample, rank, k, pad) for sample in part] for part in (samples[:1], samples[2:]))
     else:
         # every rank the same number of steps, or DDP's all-reduce waits forever
         warm, timed = samples[rank:rank + 1], samples[2 + rank:2 + k * (count // k):k]
-    train_on(warm)  # warm-up (train_steps puts the model in training mode)
-    dist.barrier()
-    start = time.perf_counter()
-    tokens = train_on(timed)
-    dist.barrier()
-    results.put((rank, tokens, time.perf_counter() - start, peak_memory("cpu", 1)))
-    dist.destroy_process_group()
+    tokens, seconds = ddp_rank.timed_steps(model, loss, optimizer, warm, timed)
+    results.put((rank, tokens, seconds, peak_memory("cpu", 1)))
 
 
 def run_one(args):

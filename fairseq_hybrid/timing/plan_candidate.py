@@ -42,7 +42,8 @@ from typing import Dict, List, Sequence
 import torch
 
 from ..forecasts.data_parallel_cost import BUCKET_BYTES, gradient_bytes
-from .training_steps import LossOf, command_batches, share_of, spawned, train_steps
+from . import ddp_rank
+from .training_steps import command_batches, share_of, spawned, train_steps
 
 __all__ = ["build", "padded_tokens", "main"]
 
@@ -132,8 +133,6 @@ class ReducedBeforeStep:
 
 def rank_process(rank: int, spec: Dict, results) -> None:
     """One rank of a ``ranks`` candidate."""
-    import torch.distributed as dist
-
     ranks = spec["ranks"]
     per = len(spec["devices"]) // ranks
     mine = spec["devices"][rank * per:(rank + 1) * per]
@@ -141,27 +140,17 @@ def rank_process(rank: int, spec: Dict, results) -> None:
     torch.set_num_threads(spec["threads"])
     if cuda:
         torch.cuda.set_device(torch.device(mine[0]))
-    # a bounded wait: a rank that dies ends the run with an error instead of leaving the others blocked
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
-                            world_size=ranks, timeout=datetime.timedelta(minutes=5))
+    ddp_rank.join(rank, ranks, spec["port"], "nccl" if cuda else "gloo")
     task, cfg, model, criterion = build(spec["train"], mine, spec["group"] if per > 1 else None)
     pad = task.target_dictionary.pad()
     samples = [share_of(sample, rank, ranks, pad) for sample in drawn(task, cfg, spec["batches"])]
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    device = mine[0]
     if per == 1:
-        wrapped = torch.nn.parallel.DistributedDataParallel(LossOf(model, criterion),
-                                                            device_ids=[mine[0]] if cuda else None)
-        loss = lambda _, sample: wrapped(sample)  # noqa: E731  (DDP stands in for the criterion)
+        loss = ddp_rank.ddp_loss(model, criterion, [mine[0]] if cuda else None)
     else:
         loss, optimizer = criterion, ReducedBeforeStep(optimizer, model.parameters())
-    train_steps(model, loss, optimizer, samples[:spec["warmup"]], device)
-    dist.barrier()
-    start = time.perf_counter()
-    train_steps(model, loss, optimizer, samples, device)
-    dist.barrier()
-    results.put((rank, time.perf_counter() - start, padded_tokens(samples)))
-    dist.destroy_process_group()
+    _, seconds = ddp_rank.timed_steps(model, loss, optimizer, samples[:spec["warmup"]], samples, mine[0])
+    results.put((rank, seconds, padded_tokens(samples)))
 
 
 def run_ranks(spec: Dict) -> Dict:
