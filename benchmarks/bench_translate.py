@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import List
 
-from fairseq_hybrid.harness.measuring import cpu_name, write_report
+from fairseq_hybrid.harness.measuring import write_report
+from fairseq_hybrid.timing.cpu_calibration import cpu_name
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 SCRIPT = os.path.join(REPO, "recipes", "tatoeba_ja_en", "translate.sh")

@@ -65,7 +65,7 @@ from fairseq_hybrid.forecasts.gpu_costs import (GNMT_V100_DDP_4, GNMT_V100_TOKEN
 from fairseq_hybrid.forecasts.race import best_group, chosen, searched, set_costs_of
 from fairseq_hybrid.forecasts.real_batches import as_batch, ddp_on_real_batches, tokens_of
 from fairseq_hybrid.harness import measuring
-from fairseq_hybrid.harness.measuring import host_models, integers, real_batch_lengths, write_report
+from fairseq_hybrid.harness.measuring import host_models, integers, race_options, real_batch_lengths, write_report
 from fairseq_hybrid.parallel import build_plan, build_step
 from fairseq_hybrid.planning.schedule_simulator import CostModel, device_flops
 from fairseq_hybrid.planning.twin_model import batch, twin_model
@@ -312,15 +312,7 @@ def markdown(report: Dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--host-cost", help="benchmarks/bench_host_cost.py --json output (default: 30 us per cell)")
-    parser.add_argument("--one-device-tokens-per-s", type=float, default=None,
-                        help="one GPU's tokens/s every set's FLOP rate is solved for (default: each set's published "
-                        "figure, gpu_costs.SET_TOKENS_PER_S; the p100 set has a rate of its own)")
-    parser.add_argument("--vocabulary", type=int, default=32000)
-    parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4, 8],
-                        help="counts to try (default 1,2,4,8)")
-    parser.add_argument("--lengths", type=integers, default=None,
-                        help="chunk lengths to try (default: --hybrid-chunk-length auto's candidates)")
+    race_options(parser)
     parser.add_argument("--groups", type=integers, default=[2, 4], help="group sizes K (default 2,4)")
     parser.add_argument("--no-eight", dest="eight", action="store_false", help="leave out 2 groups x 4 on 8 GPUs")
     parser.add_argument("--no-plain", dest="plain", action="store_false",

@@ -35,7 +35,7 @@ from fairseq_hybrid.forecasts.gpu_costs import (GNMT_V100_TOKENS_PER_S, MLPERF_G
 from fairseq_hybrid.forecasts.race import best_group, race, set_costs_of, uniform_batch
 from fairseq_hybrid.forecasts.real_batches import as_batch, split_rows
 from fairseq_hybrid.harness import measuring
-from fairseq_hybrid.harness.measuring import host_models, integers, real_batch_lengths, write_report
+from fairseq_hybrid.harness.measuring import host_models, integers, race_options, real_batch_lengths, write_report
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 
 PER_GPU = (128, 50, 50)  # sentences, source and target tokens of one GPU's batch (the reference)
@@ -302,15 +302,7 @@ def names_of(known):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--host-cost", help="benchmarks/bench_host_cost.py --json output (default: 30 us per cell)")
-    parser.add_argument("--one-device-tokens-per-s", type=float, default=None,
-                        help="one GPU's tokens/s every set's FLOP rate is solved for (default: each set's published "
-                        "figure, gpu_costs.SET_TOKENS_PER_S; the p100 set has a rate of its own)")
-    parser.add_argument("--vocabulary", type=int, default=32000)
-    parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4, 8],
-                        help="counts to try (default 1,2,4,8)")
-    parser.add_argument("--lengths", type=integers, default=None,
-                        help="chunk lengths to try (default: --hybrid-chunk-length auto's candidates)")
+    race_options(parser)
     parser.add_argument("--data", help="a binarized ja-en corpus: also race on its global batches")
     parser.add_argument("--real-steps", type=int, default=8, help="batches at each --global-real-tokens (default 8)")
     parser.add_argument("--global-real-tokens", type=integers, default=[3300, 6500, 13000],

@@ -29,7 +29,8 @@ from typing import Dict, List
 
 import torch
 
-from fairseq_hybrid.harness.measuring import NO_DATA, batches, build, cpu_name, preset_args, write_report
+from fairseq_hybrid.harness.measuring import NO_DATA, batches, build, preset_args, write_report
+from fairseq_hybrid.timing.cpu_calibration import cpu_name
 from fairseq_hybrid.timing.training_steps import backward_step
 
 KINDS = ("threads", "processes")

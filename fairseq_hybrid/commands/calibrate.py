@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import List, Optional, Sequence
 
 from ..forecasts.cost_file import write_cpu
 from ..owned_options import SET_BY_MEASURE
+from ..timing.cpu_calibration import cpu_name
 from ..timing.plan_measure import MeasureError, calibrate, devices_of
 from ..train_command import PlanError, parse_training, split_command, with_group_criterion, without
 
@@ -45,17 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="the cost file to write (JSON)")
     parser.add_argument("--batches", type=int, default=8, help="batches of the command's data timed (default 8)")
     return parser
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def calibrated_command(train: List[str], batches: int) -> List[str]:
@@ -87,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         calibration = calibrate(command, devices, own.batches, said)
         import torch
 
-        measured_on = f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+        measured_on = f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
         write_cpu(own.out, calibration, devices, measured_on, shlex.join(["fairseq-train", *train]))
     except PlanError as error:
         print(f"fairseq-hybrid-plan calibrate: {error}", file=sys.stderr)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -155,6 +154,21 @@ def integers(text: str) -> List[int]:
     return [int(value) for value in text.split(",") if value.strip()]
 
 
+def race_options(parser) -> None:
+    """The options the race scripts share (``benchmarks/fair_race.py``,
+    ``fair_race_global.py``): the host time, the sets' tokens/s, the
+    vocabulary and the groups' choices to try."""
+    parser.add_argument("--host-cost", help="benchmarks/bench_host_cost.py --json output (default: 30 us per cell)")
+    parser.add_argument("--one-device-tokens-per-s", type=float, default=None,
+                        help="one GPU's tokens/s every set's FLOP rate is solved for (default: each set's published "
+                        "figure, gpu_costs.SET_TOKENS_PER_S; the p100 set has a rate of its own)")
+    parser.add_argument("--vocabulary", type=int, default=32000)
+    parser.add_argument("--micro-batches", type=integers, default=[1, 2, 4, 8],
+                        help="counts to try (default 1,2,4,8)")
+    parser.add_argument("--lengths", type=integers, default=None,
+                        help="chunk lengths to try (default: --hybrid-chunk-length auto's candidates)")
+
+
 def host_models(text: str) -> List[str]:
     """A script's option of ways to price the host time
     (:data:`fairseq_hybrid.forecasts.gpu_costs.HOST_MODELS`)."""
@@ -231,19 +245,6 @@ def suite_systems(k: int) -> List[System]:
 
 
 # -- reports -------------------------------------------------------------------------
-
-
-def cpu_name() -> str:
-    """This machine's CPU as ``lscpu`` names it (the model name in
-    /proc/cpuinfo), for the reports that time it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def export_tree(repo: str, ref: str, folder: str, paths=("fairseq_hybrid",)) -> str:

@@ -18,6 +18,7 @@ process's K intra-op threads, and gloo's all-reduce between K processes.
 from __future__ import annotations
 
 import copy
+import platform
 import time
 from typing import Dict, Sequence, Tuple
 
@@ -28,7 +29,20 @@ from ..planning.cost_fit import fit, samples_from_trace
 from ..planning.schedule_simulator import CostModel
 from .training_steps import train_steps
 
-__all__ = ["timed_steps", "fitted_cost", "scaled", "cpu_costs", "ring_bandwidth"]
+__all__ = ["cpu_name", "timed_steps", "fitted_cost", "scaled", "cpu_costs", "ring_bandwidth"]
+
+
+def cpu_name() -> str:
+    """This machine's CPU as ``lscpu`` names it (the model name in
+    /proc/cpuinfo), for the reports that time it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def timed_steps(model, criterion, optimizer, samples):
