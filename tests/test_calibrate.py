@@ -77,3 +77,10 @@ def test_bad_input_gets_one_line_and_exit_status_2(case, binarized, tmp_path):
     assert result.returncode == 2 and result.stdout == "" and len(lines) == 1, result.stderr
     assert lines[0].startswith("fairseq-hybrid-plan calibrate: ") and message in lines[0], lines[0]
     assert not (tmp_path / "costs.json").exists()
+
+
+def test_calibrate_says_how_to_use_it():
+    result = subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), "calibrate", "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("usage: fairseq-hybrid-plan calibrate")
+    assert "--hybrid-cost-model" in result.stdout

@@ -64,6 +64,9 @@ def calibrated_command(train: List[str], batches: int) -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[2:] if argv is None else list(argv)
+    if any(arg in ("-h", "--help") for arg in argv[:argv.index("--") if "--" in argv else len(argv)]):
+        build_parser().print_help()
+        return 0
     try:
         own_argv, train = split_command(argv)
         own = build_parser().parse_args(own_argv)

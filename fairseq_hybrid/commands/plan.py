@@ -37,6 +37,10 @@ calibrates the cost model it prices them with on this machine (and again
 before every later round, each round compared with its own price)::
 
   fairseq-hybrid-plan --measure cpu,cpu -- fairseq-train data-bin --arch hybrid_lstm_base --max-tokens 2000
+
+``fairseq-hybrid-plan calibrate DEVICES --out FILE -- fairseq-train ...``
+measures CPU devices once into a cost file that ``--cost-file`` and
+``--hybrid-cost-model`` read (:mod:`.calibrate`; ``calibrate --help``).
 """
 
 from __future__ import annotations
