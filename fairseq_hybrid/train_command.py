@@ -22,8 +22,8 @@ class PlanError(ValueError):
 
 
 def split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """The plan's own options and the fairseq-train command after ``--``
-    (its program name, if given, dropped)."""
+    """The command's own options and the fairseq-train command after
+    ``--`` (its program name, if given, dropped)."""
     argv = list(argv)
     if "--" not in argv:
         raise PlanError("give your fairseq-train command after --, e.g. fairseq-hybrid-plan --gpus 4 -- "

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .workload import PlanError, Workload, workload
+from ..train_command import PlanError
+from .workload import Workload, workload
 
 
 def costs_for(own, workload: Workload, host_model: str = "per-device"):

@@ -13,7 +13,6 @@ from typing import Optional, Tuple
 from ..train_command import PlanError
 
 
-
 class Workload:
     """What one step of the user's command trains: a global batch of
     ``sentences`` sentences of ``source`` + ``target`` tokens, the model
