@@ -1,13 +1,14 @@
 """The user's fairseq-train command line, as the package's commands take
-it: split off after ``--``, parsed as fairseq parses it, and with the
-options a command sets itself dropped or replaced."""
+it: split off after ``--``, parsed as fairseq parses it, with the options
+a command sets itself dropped or replaced, and the batches fairseq's
+sampler draws for it."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import os
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 NO_DATA = "-"  # the data folder in a command planned without data
 # criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
@@ -77,3 +78,19 @@ def with_group_criterion(train: List[str]) -> List[str]:
     same loss as the command's, :data:`SAME_LOSS`), which every candidate
     runs."""
     return without(train, ("--criterion",)) + ["--criterion", GROUP_CRITERION]
+
+
+def command_batches(task, max_tokens: Optional[int], batch_size: Optional[int], count: int, seed: int = 1,
+                    subset: str = "train", max_positions=(1024, 1024)) -> List:
+    """The first ``count`` training batches fairseq's sampler draws for a
+    command's ``--max-tokens`` and ``--batch-size`` (shuffled with
+    ``seed``): what ``fairseq-hybrid-plan`` reads the batch's shape from and
+    what its ``--measure`` trains on."""
+    import warnings
+
+    epoch = task.get_batch_iterator(task.dataset(subset), max_tokens=max_tokens, max_sentences=batch_size,
+                                    max_positions=max_positions, ignore_invalid_inputs=True, seed=seed)
+    with warnings.catch_warnings():  # torch: no accelerator to pin memory on
+        warnings.simplefilter("ignore")
+        iterator = epoch.next_epoch_itr(shuffle=True)
+        return [next(iterator) for _ in range(min(count, len(iterator)))]

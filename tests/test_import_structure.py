@@ -161,6 +161,24 @@ def test_the_engines_runtime_never_imports_its_recipe():
     assert not offenders, f"the runtime imports the recipe: {offenders}"
 
 
+def test_no_two_rooms_import_each_other():
+    """A folder of the package is one room: no two rooms import each other
+    (a module of timing/ reading a forecast while a module of forecasts/
+    times a step would put each above the other)."""
+    def room(name):
+        parts = name.split(".")
+        folder = os.path.join(PACKAGE, *parts[1:2])
+        return parts[1] if len(parts) > 2 or (len(parts) == 2 and os.path.isdir(folder)) else name
+
+    rooms = {}
+    for name, targets in import_graph().items():
+        for target in targets:
+            if room(name) != room(target):
+                rooms.setdefault(room(name), set()).add(room(target))
+    both_ways = sorted((a, b) for a, targets in rooms.items() for b in targets if a < b and a in rooms.get(b, ()))
+    assert not both_ways, f"rooms that import each other: {both_ways}"
+
+
 def test_the_checker_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "a.py"
     source.write_text("def f():\n    from .b import thing\n    from . import c\n")

@@ -67,7 +67,7 @@ def data_shape(args, count: int) -> Tuple[float, float, float, int]:
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from ..timing.training_steps import command_batches
+    from ..train_command import command_batches
 
     cfg = quietly(convert_namespace_to_omegaconf, args)
     task = tasks.setup_task(cfg.task)

@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 # the timed steps live with the plan's measuring, a product module; the benchmarks find them here too
-from ..timing.training_steps import backward_step, command_batches, on_device, synchronize, train_steps
+from ..timing.training_steps import backward_step, on_device, synchronize, train_steps
+from ..train_command import command_batches
 
 __all__ = [
     "USER_DIR", "COMMON", "SIZE", "NO_DATA", "read_args", "fairseq_lstm_args", "hybrid_lstm_args", "preset_args", "build",

@@ -43,7 +43,8 @@ import torch
 
 from ..forecasts.data_parallel_cost import BUCKET_BYTES, gradient_bytes
 from . import ddp_rank
-from .training_steps import command_batches, share_of, spawned, train_steps
+from ..train_command import command_batches
+from .training_steps import share_of, spawned, train_steps
 
 __all__ = ["build", "padded_tokens", "main"]
 

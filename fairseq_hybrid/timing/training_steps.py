@@ -6,31 +6,15 @@ re-exports them)."""
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 from fairseq import utils
 
 from ..parallel import keep_on_host
 
-__all__ = ["command_batches", "rows_of", "share_of", "on_device", "backward_step", "synchronize", "train_steps",
+__all__ = ["rows_of", "share_of", "on_device", "backward_step", "synchronize", "train_steps",
            "LossOf", "spawned"]
-
-
-def command_batches(task, max_tokens: Optional[int], batch_size: Optional[int], count: int, seed: int = 1,
-                    subset: str = "train", max_positions=(1024, 1024)) -> List:
-    """The first ``count`` training batches fairseq's sampler draws for a
-    command's ``--max-tokens`` and ``--batch-size`` (shuffled with
-    ``seed``): what ``fairseq-hybrid-plan`` reads the batch's shape from and
-    what its ``--measure`` trains on."""
-    import warnings
-
-    epoch = task.get_batch_iterator(task.dataset(subset), max_tokens=max_tokens, max_sentences=batch_size,
-                                    max_positions=max_positions, ignore_invalid_inputs=True, seed=seed)
-    with warnings.catch_warnings():  # torch: no accelerator to pin memory on
-        warnings.simplefilter("ignore")
-        iterator = epoch.next_epoch_itr(shuffle=True)
-        return [next(iterator) for _ in range(min(count, len(iterator)))]
 
 
 def rows_of(sample: Dict, start: int, stop: int, pad: int) -> Dict:
