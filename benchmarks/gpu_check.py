@@ -59,6 +59,7 @@ the end one JSON file and one Markdown table (``--out``, default
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import platform
@@ -68,9 +69,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-from fairseq_hybrid.harness.phase_runner import process_started, run_child, run_phase
+LOADED = time.time()
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 # fairseq's commands as modules of this interpreter: a GPU machine's python may carry fairseq on PYTHONPATH
@@ -92,6 +94,83 @@ LSTM_BATCHES = (16, 32, 64, 128, 256, 512)
 TRAIN_LIMIT = 40  # seconds for one fairseq-train run of the precision phase (its stacks are dumped past it)
 # phases that check the driver itself, never run unless named: "hang" starts a grandchild and hangs
 TEST_LIMITS = {"hang": 4}
+
+
+def process_started():
+    """When this process started (Linux: from /proc), so that the budget
+    counts the interpreter's start and the torch import; elsewhere the time
+    this module was loaded."""
+    try:
+        with open("/proc/self/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()  # after the command's name: field 3 on
+        with open("/proc/uptime") as file:
+            uptime = float(file.read().split()[0])
+        return time.time() - (uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return LOADED
+
+
+class PhaseResult(dict):
+    """A phase's result, written to its JSON file on every top-level change
+    (and by :meth:`save`), so that a phase killed at its limit leaves what
+    it had measured."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+        self.lock = threading.Lock()
+
+    def save(self):
+        with self.lock:
+            for _ in range(3):  # another thread may be changing a nested value while it is written
+                try:
+                    text = json.dumps(self, indent=2, default=str)
+                    break
+                except RuntimeError:
+                    continue
+            else:
+                return
+            with open(self.path + ".tmp", "w") as file:
+                file.write(text)
+            os.replace(self.path + ".tmp", self.path)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.save()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self.save()
+
+
+def end_process_group(pgid):
+    """Kill every process left in group ``pgid`` (a phase's child and what
+    it started); nothing happens where none is left."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def watch_limit(result, limit):
+    """In the phase's own process: at ``limit`` seconds dump every thread's
+    stack, mark the result timed out (written), and kill the phase's whole
+    process group, itself included.  A thread that needs the GIL, so
+    ``faulthandler``'s hard exit 5 s later stands behind it (and the
+    driver's kill of the group behind that)."""
+
+    def expire():
+        faulthandler.dump_traceback(all_threads=True)
+        try:
+            result.update(timed_out=True, ok=False)
+        finally:
+            sys.stderr.flush()
+            end_process_group(os.getpgid(0))
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(limit + 5, exit=True)
 
 
 def devices_for(device, count, k):
@@ -481,6 +560,38 @@ def phase_hang(args, result):
 # -- driver ------------------------------------------------------------------------
 
 
+def run_phase(name, args, limit):
+    """``name`` in a child process, leader of a process group of its own,
+    under a hard limit of ``limit`` seconds; its result dict (partial where
+    it ran out).  The group is ended when the child is done, however it
+    ended: nothing it started outlives the phase."""
+    out = os.path.join(args.work, f"{name}.json")
+    log_path = os.path.join(args.work, f"{name}.log")
+    if os.path.exists(out):
+        os.remove(out)
+    command = [sys.executable, os.path.abspath(__file__), "--phase-child", name, "--device", args.device,
+               "--work", args.work, "--steps", str(args.steps), "--batch", str(args.batch), "--groups", args.groups,
+               "--updates", str(args.updates), "--precisions", args.precisions, "--limit", str(limit)]
+    start = time.time()
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = child.wait(timeout=limit + 10)
+        except subprocess.TimeoutExpired:
+            end_process_group(child.pid)
+            child.wait()
+            code = "killed"
+        finally:
+            end_process_group(child.pid)
+    result = json.load(open(out)) if os.path.exists(out) else {"ok": False}
+    if code != 0:
+        result["ok"] = False
+    result.update(seconds=round(time.time() - start, 1), exit=code, log=log_path)
+    if code != 0 and (not os.path.exists(out) or result.get("timed_out")):
+        result["error"] = open(log_path, errors="replace").read()[-3000:]
+    return result
+
+
 def markdown(report):
     lines = [f"# GPU check ({report['device']}, {report['gpus']} GPU(s), torch {report['torch']}; "
              f"{report.get('seconds', '?')} s of a {report.get('budget', BUDGET):.0f} s budget)", "",
@@ -553,8 +664,12 @@ def main():
     parser.add_argument("--limit", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase_child:
-        phase = globals()[f"phase_{args.phase_child}"]
-        run_child(os.path.join(args.work, f"{args.phase_child}.json"), args.limit, lambda result: phase(args, result))
+        result = PhaseResult(os.path.join(args.work, f"{args.phase_child}.json"))
+        watch_limit(result, args.limit)  # the hard limit: stacks dumped, result kept, process group ended
+        try:
+            globals()[f"phase_{args.phase_child}"](args, result)
+        finally:
+            result.save()
         return 0
     started = process_started()
     import torch
@@ -578,10 +693,7 @@ def main():
             continue
         limit = min({**LIMITS, **TEST_LIMITS}[name], left)
         print(f"[gpu_check] {name} (limit {limit:.0f} s) ...", flush=True)
-        command = [sys.executable, os.path.abspath(__file__), "--phase-child", name, "--device", args.device,
-                   "--work", args.work, "--steps", str(args.steps), "--batch", str(args.batch), "--groups",
-                   args.groups, "--updates", str(args.updates), "--precisions", args.precisions, "--limit", str(limit)]
-        report["phases"][name] = run_phase(name, command, args.work, limit)
+        report["phases"][name] = run_phase(name, args, limit)
         print(f"[gpu_check] {name}: {'ok' if report['phases'][name].get('ok') else 'FAILED'} "
               f"in {report['phases'][name]['seconds']} s", flush=True)
     report["seconds"] = round(time.time() - started, 1)
