@@ -5,11 +5,16 @@ sampler draws for it."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
 from typing import List, Optional, Sequence, Tuple
 
+from .owned_options import SET_BY_MEASURE
+
+# the package's folder: fairseq imports it as --user-dir (and checkpoints record it)
+USER_DIR = os.path.dirname(os.path.abspath(__file__))
 NO_DATA = "-"  # the data folder in a command planned without data
 # criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
 # group runs its cells through it, and on one device and under DDP its fused output layer is faster, so every
@@ -20,6 +25,14 @@ SAME_LOSS = (GROUP_CRITERION, "cross_entropy", "label_smoothed_cross_entropy")
 
 class PlanError(ValueError):
     """Input the plan cannot serve: one line for the user, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad input: one line on stderr and exit status 2 (argparse prints its
+    usage first)."""
+
+    def error(self, message):
+        raise PlanError(message)
 
 
 def split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
@@ -71,6 +84,21 @@ def without(train: List[str], names: Sequence[str]) -> List[str]:
             continue
         out.append(token)
     return out
+
+
+def measured_command(train: List[str], args, what: str) -> List[str]:
+    """The user's command as ``what`` (``--measure``, ``calibrate``) runs
+    it, each candidate setting its own devices and choices, refused in one
+    line where it cannot time it: the data folder is needed, one batch a
+    step."""
+    if not args.data:
+        raise PlanError(f"{what} trains on the command's data: give the data folder, not -")
+    if not os.path.isdir(args.data):
+        raise PlanError(f"{args.data}: no such data folder")
+    if args.update_freq and args.update_freq[0] > 1:
+        raise PlanError(f"{what} times one batch a step: give --update-freq 1 (and the global batch as "
+                        "--max-tokens or --batch-size)")
+    return with_group_criterion(without(train, SET_BY_MEASURE))
 
 
 def with_group_criterion(train: List[str]) -> List[str]:

@@ -22,44 +22,23 @@ import os
 import shlex
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..forecasts.cost_file import write_cpu
-from ..owned_options import SET_BY_MEASURE
 from ..timing.cpu_calibration import cpu_name
 from ..timing.plan_measure import MeasureError, calibrate, devices_of
-from ..train_command import PlanError, parse_training, split_command, with_group_criterion, without
+from ..train_command import OneLineParser, PlanError, measured_command, parse_training, split_command
 
 __all__ = ["main"]
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise PlanError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="fairseq-hybrid-plan calibrate", description=__doc__,
+    parser = OneLineParser(prog="fairseq-hybrid-plan calibrate", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("devices", metavar="DEVICES", help="the devices to calibrate: cpu,cpu,... (K of them)")
     parser.add_argument("--out", required=True, help="the cost file to write (JSON)")
     parser.add_argument("--batches", type=int, default=8, help="batches of the command's data timed (default 8)")
     return parser
-
-
-def calibrated_command(train: List[str], batches: int) -> List[str]:
-    """The user's command as the calibration runs it, refused in one line
-    where it cannot: the data folder is needed, one batch a step."""
-    args = parse_training(train)
-    if not args.data:
-        raise PlanError("calibrate trains on the command's data: give the data folder, not -")
-    if not os.path.isdir(args.data):
-        raise PlanError(f"{args.data}: no such data folder")
-    if args.update_freq and args.update_freq[0] > 1:
-        raise PlanError("calibrate times one batch a step: give --update-freq 1")
-    if batches < 1:
-        raise PlanError(f"--batches {batches}: at least 1")
-    return with_group_criterion(without(train, SET_BY_MEASURE))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -74,7 +53,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise PlanError(f"{own.devices}: calibrate measures CPU devices; a GPU's cost file is written by "
                             "benchmarks/gpu_check.py --phases calibrate")
         devices = devices_of(own.devices, None, PlanError, "calibrate")
-        command = calibrated_command(train, own.batches)
+        if own.batches < 1:
+            raise PlanError(f"--batches {own.batches}: at least 1")
+        command = measured_command(train, parse_training(train), "calibrate")
         said = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731
         calibration = calibrate(command, devices, own.batches, said)
         import torch

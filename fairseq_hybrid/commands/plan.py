@@ -55,17 +55,16 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ..forecasts.gpu_costs import PUBLISHED_SETS
 from ..forecasts.plan_prices import plan, priced_rows
 from ..forecasts.workload import Workload, quietly, workload
-from ..owned_options import SET_BY_MEASURE, SET_BY_PLAN
-from ..train_command import (GROUP_CRITERION, NO_DATA, SAME_LOSS, PlanError, parse_training, split_command,
-                             with_group_criterion, without)
+from ..owned_options import SET_BY_PLAN
+from ..train_command import (GROUP_CRITERION, NO_DATA, SAME_LOSS, USER_DIR, OneLineParser, PlanError,
+                             measured_command, parse_training, split_command, with_group_criterion, without)
 from ..timing.plan_measure import (MeasureError, calibrate, devices_of, measure,
                                    measured_lines)
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fairseq_hybrid: the --user-dir
 # bench_host_cost.py on CPU (a copy of docs/bench/host_cost.json, shipped with the package)
-HOST_COST = os.path.join(PACKAGE, "forecasts", "host_cost.json")
+HOST_COST = os.path.join(USER_DIR, "forecasts", "host_cost.json")
 
 
 def group_sizes(args, gpus: int) -> List[int]:
@@ -127,7 +126,7 @@ def command_for(row: Dict, train: List[str], args, sentences: int, devices: Opti
     """The command line that runs ``row`` at the same global batch (on
     ``devices``; default the first GPUs)."""
     rest = with_group_criterion(["DATA" if token == NO_DATA else token for token in without(train, SET_BY_PLAN)])
-    rest += ["--user-dir", PACKAGE] if "--user-dir" not in train else []
+    rest += ["--user-dir", USER_DIR] if "--user-dir" not in train else []
     per = row["sentences_per_group"]
     batch = (["--batch-size", str(per)] if args.batch_size or not args.max_tokens else
              ["--max-tokens", str(math.ceil(args.max_tokens * (args.update_freq[0] if args.update_freq else 1)
@@ -184,14 +183,6 @@ def integers(text: str) -> List[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: whole numbers of at least 1")
     return values
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad input: one line on stderr and exit status 2 (argparse prints its
-    usage first)."""
-
-    def error(self, message):
-        raise PlanError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -290,14 +281,7 @@ def measuring_setup(own, args, train: List[str], progress) -> List[str]:
     """Refuse what ``--measure`` cannot time, and on CPU devices calibrate
     the cost model the candidates are priced with; the user's command as
     the candidates run it."""
-    if not args.data:
-        raise PlanError("--measure trains on the command's data: give the data folder, not -")
-    if not os.path.isdir(args.data):
-        raise PlanError(f"{args.data}: no such data folder")
-    if args.update_freq and args.update_freq[0] > 1:
-        raise PlanError("--measure times one batch a step: give --update-freq 1 (and the global batch as "
-                        "--max-tokens or --batch-size)")
-    measured = with_group_criterion(without(train, SET_BY_MEASURE))
+    measured = measured_command(train, args, "--measure")
     if own.devices[0] == "cpu" and own.cpu_costs is None:  # (a calibration's cost file: priced already)
         from ..timing.cpu_calibration import cpu_costs
 

@@ -32,9 +32,8 @@ from typing import List, Optional
 
 from .. import rank_liveness as liveness
 from ..owned_options import SET_BY_TRAIN
+from ..train_command import USER_DIR
 
-# the package's folder: fairseq imports it as --user-dir (and checkpoints record it)
-USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse(argv: Optional[List[str]] = None):
