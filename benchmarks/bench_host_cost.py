@@ -20,8 +20,7 @@ reports per cell, forward and backward:
   pays the counting mode's cost, so the share is if anything too low).  On
   a CPU that op does the layer's work itself at a fixed cost even at hidden
   size 8 (oneDNN sets up its primitive); on a GPU the
-  same call queues a cuDNN kernel, whose host cost is not this one.
-  ``predict_speedups.py`` shows the prediction with and without it;
+  same call queues a cuDNN kernel, whose host cost is not this one;
 * ``outside_cells_us_per_cell``: each worker's step time outside its
   cells' calls, per cell it ran: the engine's Python (inputs arriving,
   events, the graph's bookkeeping, hand-offs), waiting for other workers,
@@ -29,9 +28,8 @@ reports per cell, forward and backward:
 * how the cell time grows when K worker threads share the GIL.
 
 The JSON (``--json``) holds a row of these per K and chunk length (and the
-machine's core count), which ``benchmarks/predict_speedups.py --host-cost
-FILE`` turns into host time per cell kind and phase in place of an assumed
-cost per cell call.  With fewer cores than workers (K = 4 on a 2-core
+machine's core count), which ``fairseq-hybrid-plan --host-cost FILE``
+and the race scripts turn into host time per cell kind and phase.  With fewer cores than workers (K = 4 on a 2-core
 machine) the cells also wait for a core, not only for the GIL.
 
     .venv/bin/python benchmarks/bench_host_cost.py --json docs/bench/host_cost.json
@@ -62,6 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.harness.measuring import backward_step, on_device, synchronize, write_report
 from fairseq_hybrid.parallel import record_cell_times
+from fairseq_hybrid.timing.gpu_calibration import host_row
 from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
 
 TINY = dict(encoder_embed_dim=8, encoder_hidden_size=8, decoder_embed_dim=8, decoder_hidden_size=8,
@@ -111,35 +110,11 @@ def one_step(model, criterion, sample):
 
 
 def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int, device: str = "cpu") -> Dict:
+    """The row of a group of ``k`` at ``chunk_length``: the product's
+    measurement (``timing.gpu_calibration.host_row``) and a profiled step."""
     model, criterion, sample = setup(k, chunk_length, sentences, length, device)
-    for _ in range(2):
-        one_step(model, criterion, sample)  # warm-up: replicas, allocator
-    walls = []
-    with record_cell_times() as trace:
-        for _ in range(steps):
-            start = time.perf_counter()
-            one_step(model, criterion, sample)
-            walls.append(time.perf_counter() - start)
-    per_kind: Dict[str, List[float]] = defaultdict(list)
-    busy = defaultdict(float)
-    for entry in trace:
-        kind = entry.work.kind if entry.work is not None else "other"
-        per_kind[f"{kind}/{entry.phase}"].append(entry.end - entry.start)
-        busy[entry.worker] += entry.end - entry.start
-    cells = len(trace) / steps
-    step = statistics.median(walls)
-    # what each worker spent outside its cells' calls, per cell it ran
-    per_worker_cells = defaultdict(int)
-    for entry in trace:
-        per_worker_cells[entry.worker] += 1
-    outside = statistics.mean((step * steps - busy[w]) / per_worker_cells[w] for w in per_worker_cells)
-    return {
-        "k": k, "chunk_length": chunk_length, "cells_per_step": cells, "step_ms": step * 1e3,
-        # the median: a shared host's pauses would pull a mean up
-        "cell_us": {key: statistics.median(values) * 1e6 for key, values in sorted(per_kind.items())},
-        "outside_cells_us_per_cell": outside * 1e6,
-        "profiled": profiled_step(model, criterion, sample),
-    }
+    row = host_row(model, criterion, sample, steps, "cpu")  # setup put the sample where fairseq would
+    return dict(row, chunk_length=chunk_length, profiled=profiled_step(model, criterion, sample))
 
 
 def profiled_step(model, criterion, sample) -> Dict[str, float]:

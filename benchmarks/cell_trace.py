@@ -40,7 +40,8 @@ import torch
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.harness.measuring import backward_step, synchronize, write_report
 from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
-from fairseq_hybrid.parallel import keep_on_host, labelled_cells, record_cell_times
+from fairseq_hybrid.parallel import keep_on_host, labelled_cells
+from fairseq_hybrid.timing.gpu_calibration import host_row
 
 # CUDA runtime calls that make the host wait for the device
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ", "cudaMemcpy(")
@@ -80,27 +81,11 @@ def _moved(sample, device: str):
     return on_device(sample, device)
 
 
-def host_row(device: str, chunk_length: int, shape: Dict, steps: int) -> Dict:
-    """``bench_host_cost.py``'s row for a group of one device: the median
-    host time per cell call by kind and phase, and the step's time outside
-    the cells per cell."""
-    built = group([device], chunk_length, shape)
-    for _ in range(2):
-        step(*built)  # warm-up: cuDNN's plans, the allocator
-    walls = []
-    with record_cell_times() as trace:
-        for _ in range(steps):
-            start = time.perf_counter()
-            step(*built)
-            walls.append(time.perf_counter() - start)
-    per_kind: Dict[str, List[float]] = defaultdict(list)
-    for entry in trace:
-        per_kind[f"{entry.work.kind}/{entry.phase}"].append(entry.end - entry.start)
-    busy = sum(entry.end - entry.start for entry in trace)
-    return {"k": 1, "chunk_length": chunk_length, "cells_per_step": len(trace) / steps,
-            "step_ms": statistics.median(walls) * 1e3,
-            "cell_us": {key: statistics.median(values) * 1e6 for key, values in sorted(per_kind.items())},
-            "outside_cells_us_per_cell": (sum(walls) - busy) / len(trace) * 1e6}
+def host_row_of(device: str, chunk_length: int, shape: Dict, steps: int) -> Dict:
+    """``bench_host_cost.py``'s row for a group of one device (the
+    product's measurement, ``timing.gpu_calibration.host_row``)."""
+    model, criterion, sample, devices = group([device], chunk_length, shape)
+    return dict(host_row(model, criterion, sample, steps, devices[0]), chunk_length=chunk_length)
 
 
 def inside(events, label) -> List:
@@ -159,7 +144,7 @@ def measure(device: str, steps: int) -> Dict:
     target = "cuda:0" if device == "cuda" else "cpu"
     report["host_cost"] = {"machine": "cell_trace.py", "device": device, "gpu": report["gpu"],
                            "torch": torch.__version__, "model": report["shape"],
-                           "rows": [host_row(target, length, shape, steps) for length in (0, 8)]}
+                           "rows": [host_row_of(target, length, shape, steps) for length in (0, 8)]}
     report["trace"] = trace_cells(device, shape)
     return report
 

@@ -21,7 +21,7 @@ From the schedule simulator replaying the engine's own cells
    bottom layer;
 2. the group at K x 128 sentences at its best chunk length and count of
    micro-batches (searched placement) against DDP at 128 per GPU, under
-   the P100 and A100 cost sets of ``benchmarks/predict_speedups.py``, with
+   the P100 and A100 cost sets (``fairseq_hybrid.forecasts.gpu_costs``), with
    the host time per cell of ``--host-cost`` (at K = 4 also for the model
    without its bidirectional layer), and groups under DDP: two groups of
    two on 4 GPUs, two of four on 8;
@@ -324,7 +324,7 @@ def main(argv=None) -> int:
                         help="how the host time is priced, the first also on real batches (default queued,summed: "
                         "queued ahead of the devices on one host shared by the workers; summed with the device "
                         "time, the pessimistic end; per-device: queued, one host per device, as "
-                        "--hybrid-workers processes runs; benchmarks/host_per_device.py sets the two side by side)")
+                        "--hybrid-workers processes runs)")
     parser.add_argument("--no-gnmt", dest="gnmt", action="store_false",
                         help="leave out the calibration in GNMT v2's published setting (4 x V100)")
     parser.add_argument("--out")

@@ -62,7 +62,6 @@ import argparse
 import faulthandler
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -90,7 +89,6 @@ LIMITS = {"exactness": 60, "precision": 115, "calibrate": 115, "cells": 45, "wor
 BUDGET = 480
 CHUNK_SWEEP = ("0", "10", "2", "auto")
 MICRO_BATCH_SWEEP = (2, 4)  # a group of 4 at chunk length 0 with this many micro-batches
-LSTM_BATCHES = (16, 32, 64, 128, 256, 512)
 TRAIN_LIMIT = 40  # seconds for one fairseq-train run of the precision phase (its stacks are dumped past it)
 # phases that check the driver itself, never run unless named: "hang" starts a grandchild and hangs
 TEST_LIMITS = {"hang": 4}
@@ -373,47 +371,54 @@ def phase_workers(args, result):
 
 
 def phase_calibrate(args, result):
-    """What the predictions assume, measured where they would run, and
-    written as a cost file (``COST_FILE``; ``fairseq_hybrid.forecasts.cost_file``)
-    that ``fairseq-hybrid-plan --cost-file`` and ``fair_race_global.py --cost-file``
-    price with: the host time per cell, an LSTM layer's time per step by
-    batch, one device's tokens/s.  Then the measured side of the
-    predictions: a group of 4 by chunk length and micro-batches.  On CPU a
-    smoke run at tiny sizes (the figures then say nothing of a GPU)."""
+    """What the predictions assume, measured where they would run by the
+    product (``fairseq-hybrid-plan calibrate cuda:0,...`` on the paper's
+    model and the fixture's batches), as a cost file (``COST_FILE``) that
+    ``fairseq-hybrid-plan --cost-file`` and ``fair_race_global.py
+    --cost-file`` price with.  Then the measured side of the predictions: a
+    group of 4 by chunk length and micro-batches.  On CPU a smoke run of
+    the same measurements at tiny sizes (the figures then say nothing of a
+    GPU)."""
     import torch
 
     from fairseq_hybrid.forecasts import cost_file
+    from fairseq_hybrid.timing import gpu_calibration
 
     cuda = args.device == "cuda"
     count = torch.cuda.device_count() if cuda else 0
-    host_cost = os.path.join(args.work, "host_cost.json")
-    subprocess.check_call([sys.executable, os.path.join(REPO, "benchmarks", "bench_host_cost.py"), "--device",
-                           args.device, "--groups", "1,2,4" if cuda else "1", "--chunk-lengths",
-                           "0,8,4,2" if cuda else "0", "--steps", str(max(2, args.steps // 2)), "--json", host_cost],
-                          stdout=subprocess.DEVNULL)
-    host = json.load(open(host_cost))
-    result["host_us_per_cell"] = {f"K={row['k']}": row["cell_us"] for row in host["rows"] if row["chunk_length"] == 0}
-    batches = LSTM_BATCHES if cuda else (2, 4)
-    lstm = (lstm_seconds_per_step("cuda", 1024, batches) if cuda else
-            lstm_seconds_per_step("cpu", 16, batches, steps=5))
-    result["lstm_seconds_per_step"] = lstm
+    arch = "hybrid_lstm_paper" if cuda else "hybrid_lstm_tiny"
+    train = [binarize(args.work), "--arch", arch, "--max-tokens", "6400", "--source-lang", "ja", "--target-lang",
+             "en", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1", *([] if cuda else ["--cpu"])]
+    path = os.path.join(args.work, COST_FILE)
+    if cuda:
+        gpus = ",".join(f"cuda:{index}" for index in range(min(count, 4)))
+        code, log = run_logged([sys.executable, "-c", "import sys; from fairseq_hybrid.commands.plan import main; "
+                                "sys.exit(main())", "calibrate", gpus, "--base", COST_BASE, "--batches",
+                                str(args.steps), "--out", path, "--", "fairseq-train", *train],
+                               os.path.join(args.work, "calibrate.log"), LIMITS["calibrate"] - 25)
+        if code != 0:
+            result.update(ok=False, error=log[-3000:])
+            return
+    else:
+        from fairseq_hybrid.train_command import with_group_criterion
+        from fairseq_hybrid.timing.plan_candidate import build
+
+        measured = gpu_calibration.run({"train": with_group_criterion(train), "devices": ["cpu", "cpu"],
+                                        "batches": args.steps}, build)
+        cost_file.write(path, base=COST_BASE, tokens_per_s=measured["tokens_per_s"], lstm_seconds=measured["lstm"],
+                        host_cost=measured["host_cost"], measured_on="CPU smoke run of benchmarks/gpu_check.py",
+                        shape=measured["shape"])
+    written = cost_file.load(path)
+    result.update(cost_file=path, measured_on=written["measured_on"],
+                  one_device_tokens_per_s=written["one_device_tokens_per_s"],
+                  host_us_per_cell={f"K={row['k']}": row["cell_us"] for row in written["host_cost"]["rows"]},
+                  lstm_seconds_per_step=written["lstm"]["seconds_per_step"])
 
     # the paper's setting on a GPU; a tiny one for the CPU smoke run
-    arch, shape = (("hybrid_lstm_paper", dict(batch=128, length=50, vocab=32000)) if cuda else
-                   ("hybrid_lstm_tiny", dict(batch=8, length=6, vocab=50)))
+    shape = dict(batch=128, length=50, vocab=32000) if cuda else dict(batch=8, length=6, vocab=50)
     result["shape"] = f"{arch}, {shape['batch']} sentences of {shape['length']} + {shape['length']} tokens"
     common = dict(device=args.device, steps=args.steps, **shape)
     one = throughput(arch, [], "hybrid", options={}, **common)
-    result["one_device_tokens_per_s"] = 2 * one  # source + target, as GNMT v2 counts (equal lengths here)
-    where = torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.processor() or platform.machine()})"
-    path = os.path.join(args.work, COST_FILE)
-    cost_file.write(path, base=COST_BASE, tokens_per_s=2 * one, lstm_seconds=lstm, host_cost=host,
-                    measured_on=f"{where}, torch {torch.__version__}, benchmarks/gpu_check.py calibrate, "
-                                f"{time.strftime('%Y-%m-%d')}",
-                    reference_batch=128 if cuda else max(batches),
-                    shape=f"{result['shape']}, {shape['vocab']} words")
-    result["cost_file"] = path
-
     devices = devices_for(args.device, count, 4 if cuda else 2)
     sweep = {}
     result["chunk_sweep"] = {"devices": ",".join(devices), "rows": sweep}  # kept row by row
@@ -432,51 +437,13 @@ def phase_calibrate(args, result):
 
 def phase_cells(args, result):
     """One LSTM cell and one attention-softmax cell as they run, at the
-    paper's size (``benchmarks/cell_trace.py``); their host time per call
-    replaces the tiny model's in calibrate's cost file (kept beside it as
-    ``host_cost_tiny``)."""
+    paper's size (``benchmarks/cell_trace.py``): their ops, kernels, host
+    waits and copies, and the host time per call of a group of one."""
     path = os.path.join(args.work, "cell_trace.json")
     subprocess.check_call([sys.executable, os.path.join(REPO, "benchmarks", "cell_trace.py"), "--device",
                            args.device, "--steps", str(max(2, args.steps // 2)), "--json", path])
     report = json.load(open(path))
-    result.update(trace=report["trace"]["cells"], host_rows=report["host_cost"]["rows"], report=path)
-    cost = os.path.join(args.work, COST_FILE)
-    if os.path.exists(cost):
-        data = json.load(open(cost))
-        data["host_cost_tiny"] = data.get("host_cost_tiny", data["host_cost"])
-        data["host_cost"] = report["host_cost"]
-        with open(cost, "w") as file:
-            json.dump(data, file, indent=2)
-        result["cost_file"] = cost
-    result["ok"] = True
-
-
-def lstm_seconds_per_step(device, hidden, batches, steps=25, repeats=5):
-    """One LSTM layer's seconds per time step, forward and backward, at
-    each batch (as DeepBench times it: hidden = input size, ``steps`` steps)."""
-    import torch
-
-    lstm = torch.nn.LSTM(hidden, hidden, batch_first=True).to(device)
-    rows = {}
-    for batch in batches:
-        x = torch.randn(batch, steps, hidden, device=device, requires_grad=True)
-        timings = {"forward": [], "backward": []}
-        for repeat in range(repeats + 1):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            out, _ = lstm(x)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            middle = time.perf_counter()
-            out.sum().backward()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            if repeat:  # the first is warm-up
-                timings["forward"].append((middle - start) / steps)
-                timings["backward"].append((time.perf_counter() - middle) / steps)
-        rows[str(batch)] = {phase: min(values) for phase, values in timings.items()}
-    return {"hidden": hidden, "steps": steps, "rows": rows}
+    result.update(trace=report["trace"]["cells"], host_rows=report["host_cost"]["rows"], report=path, ok=True)
 
 
 def phase_streams(args, result):

@@ -16,7 +16,7 @@ from fairseq_hybrid.forecasts.race import race
 from fairseq_hybrid.forecasts.workload import workload
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 from fairseq_hybrid.timing.cpu_calibration import cpu_costs
-from fairseq_hybrid.train_command import parse_training
+from fairseq_hybrid.train_command import measured_command, parse_training
 
 TINY = ["--arch", "hybrid_lstm_tiny", "--max-tokens", "400", "--source-lang", "ja", "--target-lang", "en"]
 
@@ -56,11 +56,16 @@ def test_one_calibration_is_read_by_the_plan_and_by_the_group(binarized, tmp_pat
 
 
 BAD = {  # OUT: the cost file's path, DATA: the fixture's data folder
-    "gpus": (["cuda:0,cuda:1", "--out", "OUT", "--", "fairseq-train", "DATA"], "calibrate measures CPU devices"),
+    "a GPU not there": (["cuda:63", "--out", "OUT", "--", "fairseq-train", "DATA"],
+                        "calibrate: DEVICES: cuda:63 is not there"),
+    "two kinds": (["cpu,cuda:0", "--out", "OUT", "--", "fairseq-train", "DATA"], "all devices of one kind"),
+    "a base for CPUs": (["cpu,cpu", "--base", "a100", "--out", "OUT", "--", "fairseq-train", "DATA"],
+                        "--base a100: the set a GPU's cost file builds on; cpu,cpu are CPU devices"),
     "no data": (["cpu,cpu", "--out", "OUT", "--", "fairseq-train", "-"], "give the data folder, not -"),
     "no command": (["cpu,cpu", "--out", "OUT"], "give your fairseq-train command after --"),
     "no --out": (["cpu,cpu", "--", "fairseq-train", "DATA"], "the following arguments are required: --out"),
-    "not a device": (["cpu,gpu", "--out", "OUT", "--", "fairseq-train", "DATA"], "calibrate: 'gpu' is not a device"),
+    "not a device": (["cpu,gpu", "--out", "OUT", "--", "fairseq-train", "DATA"],
+                     "calibrate: DEVICES: 'gpu' is not a device"),
     "accumulated steps": (["cpu,cpu", "--out", "OUT", "--", "fairseq-train", "DATA", "--update-freq", "2"],
                           "give --update-freq 1"),
 }
@@ -84,3 +89,52 @@ def test_calibrate_says_how_to_use_it():
                             text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.startswith("usage: fairseq-hybrid-plan calibrate")
     assert "--hybrid-cost-model" in result.stdout
+
+
+def test_a_gpu_calibration_measured_on_cpu_devices_is_a_cost_file(binarized, tmp_path):
+    """What ``calibrate cuda:0,...`` measures, run on CPU devices (the same
+    code; the figures then say nothing of a GPU): the host rows of a group
+    of 1 and of 2, the LSTM curve at the model's hidden size, one device's
+    tokens/s; written as a GPU cost file, registered as the race's set."""
+    from fairseq_hybrid.forecasts import gpu_costs
+    from fairseq_hybrid.forecasts.cost_file import write
+    from fairseq_hybrid.timing.gpu_calibration import LSTM_BATCHES, run
+    from fairseq_hybrid.timing.plan_candidate import build
+
+    train = [str(binarized / "bin"), *TINY]
+    measured = run({"train": measured_command(train, parse_training(train), "calibrate"), "devices": ["cpu", "cpu"],
+                    "batches": 1}, build)
+    rows = measured["host_cost"]["rows"]
+    assert [(row["k"], row["chunk_length"]) for row in rows] == [(1, 0), (2, 0)]
+    assert {"lstm/forward", "lstm/backward", "attention_softmax/forward"} <= set(rows[1]["cell_us"])
+    assert measured["lstm"]["hidden"] == 32 and list(measured["lstm"]["rows"]) == [str(b) for b in LSTM_BATCHES]
+    assert measured["shape"].startswith("hybrid_lstm_tiny, 128 sentences of 50 + 50 tokens")
+    path = tmp_path / "gpu.json"
+    write(str(path), base="a100", tokens_per_s=measured["tokens_per_s"], lstm_seconds=measured["lstm"],
+          host_cost=measured["host_cost"], measured_on="CPU smoke run", shape=measured["shape"])
+    registered = register(str(path))
+    assert registered.tokens_per_s == measured["tokens_per_s"] and registered.base == "a100"
+    curve, reference = gpu_costs.LSTM_CURVES[registered.name]
+    assert reference == 128 and curve["backward"][0] == [16, measured["lstm"]["rows"]["16"]["backward"]]
+    row = rows[1]
+    assert gpu_costs.host_fixed(str(path), 2)["lstm/forward"] == pytest.approx(
+        (row["cell_us"]["lstm/forward"] + row["outside_cells_us_per_cell"]) * 1e-6, rel=1e-12)
+
+
+def test_the_reference_batch_is_collated_as_fairseq_does():
+    from fairseq.data import Dictionary
+
+    from fairseq_hybrid.timing.gpu_calibration import reference_sample
+
+    dictionary = Dictionary()
+    for word in "abcdefgh":
+        dictionary.add_symbol(word)
+    sample = reference_sample(dictionary, dictionary, 3, 5, 4)
+    source, target = sample["net_input"]["src_tokens"], sample["target"]
+    assert source.shape == (3, 5) and target.shape == (3, 4) and sample["ntokens"] == 12
+    assert (source[:, -1] == dictionary.eos()).all() and (target[:, -1] == dictionary.eos()).all()
+    words = source[:, :-1]
+    assert int(words.min()) >= dictionary.nspecial and int(words.max()) < len(dictionary)
+    assert sample["net_input"]["prev_output_tokens"][:, 1:].equal(target[:, :-1])
+    assert (sample["net_input"]["prev_output_tokens"][:, 0] == dictionary.eos()).all()
+    assert sample["net_input"]["src_lengths"].tolist() == [5, 5, 5]

@@ -73,7 +73,7 @@ BAD_FILES = {
     "unknown base": ({"base": "h100"}, "'base' must name one of a100, p100, v100"),
     "no tokens/s": ({"one_device_tokens_per_s": 0}, "'one_device_tokens_per_s' must be a number above 0"),
     "no reference point": ({"lstm": {"reference_batch": 100}}, "no point at the reference batch 100"),
-    "no host cost": ({"host_cost": {}}, "'host_cost' must hold bench_host_cost.py's report"),
+    "no host cost": ({"host_cost": {}}, "'host_cost' must hold a host-cost report"),
 }
 
 

@@ -1,6 +1,6 @@
 """Plain data parallelism in the simulator's terms (the yardstick:
-fairseq_hybrid/forecasts/data_parallel_cost.py), and the speed-up table of
-benchmarks/predict_speedups.py."""
+fairseq_hybrid/forecasts/data_parallel_cost.py), the host time a GPU's
+host is priced with, and the fair race's tables."""
 
 import json
 import os
@@ -42,36 +42,25 @@ def test_data_parallel_speedup_counts_k_batches_per_step():
     assert 3.0 < speedup(one, slow, 4) < 4.0
 
 
-def test_the_speedup_table(tmp_path):
-    """The table in the paper's setting: DDP at K = 4 above the hybrid group
-    in both assumption sets, the bound without the bidirectional layer above
-    the bound with it, and the host cost read from a JSON file."""
+def test_a_cpu_host_report_read_for_a_gpu_host(tmp_path):
+    """A host-cost report measured on a CPU, read for a GPU's host: queued
+    (one worker's row, the LSTM kernel call, half the cell here, as one
+    1 us op), per device (the same), or summed (the K-worker row whole)."""
+    from fairseq_hybrid.forecasts.gpu_costs import group_host
+
     host = tmp_path / "host.json"
-    cell = {f"{kind}/{phase}": 500.0 for kind in ("lstm", "attention_softmax", "embedding", "gather")
-            for phase in ("forward", "backward")}
-    host.write_text(json.dumps({"rows": [{"k": k, "chunk_length": 0, "cell_us": cell,
-                                          "outside_cells_us_per_cell": 10.0} for k in (1, 2, 4)],
-                                "op_us": 1.0, "lstm_kernel_share_k1_whole": {"lstm/forward": 0.5,
-                                                                             "lstm/backward": 0.5}}))
-    subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "predict_speedups.py"), "--host-cost", str(host),
-                    "--out", str(tmp_path)], check=True, capture_output=True, cwd=REPO)
-    report = json.loads((tmp_path / "speedups.json").read_text())
-    for name in ("p100", "a100"):
-        rows = report["rows"][name]
-        assert rows["ddp K=4"]["speedup"] > rows["hybrid K=4"]["speedup"] > rows["hybrid K=2"]["speedup"] > 1.0
-        # queued on one host: one worker's host time, the LSTM kernel call (half the cell) as one 1 us op
-        assert report["assumptions"][name]["host_us_per_cell"]["lstm/forward"] == pytest.approx(250.0 + 1.0 + 10.0)
-    assert report["assumptions"]["a100"]["one_device_step_ms"] == pytest.approx(128 * 100 / 83.2, rel=1e-6)
-    bounds = report["bounds"]
-    assert bounds["hybrid K=4, no bidirectional layer"] > bounds["hybrid K=4"] > 1.0
-    assert "| ddp K=4 |" in (tmp_path / "speedups.md").read_text()
-    # an LSTM cell's kernel op counted as one small op: less host time, a faster group; a host that queues
-    # ahead of the devices: faster than one whose time is added to every cell
-    by_host = report["host_sensitivity"]["p100"]
-    queued = by_host["measured at K = 1, queued on one host (the tables above)"]["hybrid K=4"]
-    assert queued > by_host["measured at K = 1, queued, the LSTM kernel call as measured"]["hybrid K=4"]
-    assert queued > by_host["measured at K = 1, summed with the device time"]["hybrid K=4"]
-    assert by_host["0 (free host)"]["hybrid K=4"] >= queued
+    rows = [{"k": k, "chunk_length": 0, "outside_cells_us_per_cell": 10.0 * k,
+             "cell_us": {f"{kind}/{phase}": 500.0 * k for kind in ("lstm", "attention_softmax", "embedding", "gather")
+                         for phase in ("forward", "backward")}} for k in (1, 2, 4)]
+    host.write_text(json.dumps({"rows": rows, "op_us": 1.0, "device": "cpu",
+                                "lstm_kernel_share_k1_whole": {"lstm/forward": 0.5, "lstm/backward": 0.5}}))
+    queued, queues = group_host(str(host), 4, "queued")
+    assert queues and queued["lstm/forward"] == pytest.approx((250.0 + 1.0 + 10.0) * 1e-6)
+    assert queued["attention_softmax/backward"] == pytest.approx((500.0 + 10.0) * 1e-6)
+    assert group_host(str(host), 4, "per-device") == (queued, True)
+    summed, queues = group_host(str(host), 4, "summed")
+    assert not queues and summed["lstm/forward"] == pytest.approx((2000.0 + 40.0) * 1e-6)
+    assert group_host(str(host), 3, "summed")[0]["gather/forward"] == pytest.approx((1000.0 + 20.0) * 1e-6)
 
 
 def test_the_fair_race_table(tmp_path):

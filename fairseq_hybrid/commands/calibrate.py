@@ -10,9 +10,13 @@ measured once on the user's command, written as a cost file that
 On CPU devices it is what ``--measure`` calibrates before it prices the
 candidates (:func:`fairseq_hybrid.timing.plan_measure.calibrate`: the
 engine's cells fitted, the model with 1 and K threads, K copies at once,
-gloo's all-reduce), on batches of the command's data.  GPUs are measured
-by ``benchmarks/gpu_check.py --phases calibrate`` (its host time per cell
-needs the test harness's stand-in model), into a GPU cost file.
+gloo's all-reduce), on batches of the command's data.  On GPUs
+(``cuda:0,cuda:1,...``) it measures what the GPU forecasts price with, on
+the command's model (:mod:`fairseq_hybrid.timing.gpu_calibration`): the
+host time per cell call, an LSTM layer's time per step by batch, one
+GPU's tokens/s; what one machine's GPUs cannot say (the link between
+GPUs of another machine, the step's time outside the cells, an LSTM
+time step's latency) comes from the published set named by ``--base``.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from ..forecasts.cost_file import write_cpu
+from ..forecasts.cost_file import write, write_cpu
+from ..forecasts.gpu_costs import NAMED_SETS
 from ..timing.cpu_calibration import cpu_name
-from ..timing.plan_measure import MeasureError, calibrate, devices_of
+from ..timing.plan_measure import MeasureError, calibrate, devices_of, run
 from ..train_command import OneLineParser, PlanError, measured_command, parse_training, split_command
 
 __all__ = ["main"]
@@ -35,10 +40,25 @@ __all__ = ["main"]
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="fairseq-hybrid-plan calibrate", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("devices", metavar="DEVICES", help="the devices to calibrate: cpu,cpu,... (K of them)")
+    parser.add_argument("devices", metavar="DEVICES",
+                        help="the devices to calibrate: cpu,cpu,... or cuda:0,cuda:1,... (K of them)")
     parser.add_argument("--out", required=True, help="the cost file to write (JSON)")
-    parser.add_argument("--batches", type=int, default=8, help="batches of the command's data timed (default 8)")
+    parser.add_argument("--batches", type=int, default=8, help="batches (steps) timed (default 8)")
+    parser.add_argument("--base", choices=NAMED_SETS, default=None,
+                        help="GPUs: the published set whose link, step overhead and time-step latency the file "
+                        "takes (default a100)")
     return parser
+
+
+def calibrate_gpus(train, devices, batches: int, said) -> dict:
+    """The GPU measurements, in a process of their own."""
+    said(f"measuring {len(devices)} GPU(s) on the command's model: one GPU's tokens/s, the host time per cell "
+         f"call of a group of 1 and of {len(devices)}, an LSTM layer's time per step by batch")
+    started = time.time()
+    measured = run({"kind": "gpu_calibrate", "train": train, "devices": list(devices), "batches": batches},
+                   "the GPU calibration")
+    said(f"measured in {time.time() - started:.0f} s: {measured['tokens_per_s']:,.0f} tokens/s on one GPU")
+    return measured
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -49,24 +69,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         own_argv, train = split_command(argv)
         own = build_parser().parse_args(own_argv)
-        if "cuda" in own.devices:
-            raise PlanError(f"{own.devices}: calibrate measures CPU devices; a GPU's cost file is written by "
-                            "benchmarks/gpu_check.py --phases calibrate")
-        devices = devices_of(own.devices, None, PlanError, "calibrate")
+        devices = devices_of(own.devices, None, PlanError, "DEVICES")
         if own.batches < 1:
             raise PlanError(f"--batches {own.batches}: at least 1")
+        gpus = devices[0].startswith("cuda")
+        if own.base and not gpus:
+            raise PlanError(f"--base {own.base}: the set a GPU's cost file builds on; {own.devices} are CPU devices")
         command = measured_command(train, parse_training(train), "calibrate")
         said = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731
-        calibration = calibrate(command, devices, own.batches, said)
         import torch
 
-        measured_on = f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
-        write_cpu(own.out, calibration, devices, measured_on, shlex.join(["fairseq-train", *train]))
+        if gpus:
+            measured = calibrate_gpus(command, devices, own.batches, said)
+            measured_on = (f"{torch.cuda.get_device_name(devices[0])}, torch {torch.__version__}, "
+                           f"fairseq-hybrid-plan calibrate, {time.strftime('%Y-%m-%d')}")
+            write(own.out, base=own.base or "a100", tokens_per_s=measured["tokens_per_s"],
+                  lstm_seconds=measured["lstm"], host_cost=measured["host_cost"], measured_on=measured_on,
+                  shape=measured["shape"])
+        else:
+            calibration = calibrate(command, devices, own.batches, said)
+            measured_on = (f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+                           f"{time.strftime('%Y-%m-%d')}")
+            write_cpu(own.out, calibration, devices, measured_on, shlex.join(["fairseq-train", *train]))
     except PlanError as error:
         print(f"fairseq-hybrid-plan calibrate: {error}", file=sys.stderr)
         return 2
     except MeasureError as error:
         print(f"fairseq-hybrid-plan calibrate: {error}", file=sys.stderr)
         return 1
-    print(f"wrote {own.out}: {len(devices)} CPU devices, {measured_on}")
+    print(f"wrote {own.out}: {len(devices)} {'GPUs' if gpus else 'CPU devices'}, {measured_on}")
     return 0

@@ -19,9 +19,9 @@ The prices are the race's (:func:`fairseq_hybrid.forecasts.race.race`, what
 run this code; every figure is a prediction under the cost set named
 (``--cost-set``; the FLOP rate solved for a published one-GPU tokens/s, or
 ``--one-device-tokens-per-s`` measured on yours), or under a cost file
-that a GPU measured (``--cost-file``, written by ``benchmarks/gpu_check.py
---phases calibrate``: that GPU's LSTM curve, host time per cell and
-tokens/s; ``fairseq_hybrid.forecasts.cost_file``).
+that your GPUs measured (``--cost-file``, written by ``fairseq-hybrid-plan
+calibrate cuda:0,...``: their LSTM curve, host time per cell and one
+GPU's tokens/s; ``fairseq_hybrid.forecasts.cost_file``).
 
 With the data folder in the command, the batch's shape comes from it
 (``-`` in its place: no data, ``--sentence-length`` and ``--vocabulary``):
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cost-set", default="a100", help=f"the GPUs' assumed costs: {', '.join(PUBLISHED_SETS)} "
                         "(default a100)")
     parser.add_argument("--cost-file", default=None,
-                        help="a cost file: one GPU's (benchmarks/gpu_check.py --phases calibrate writes it), whose "
+                        help="a cost file: GPUs' (fairseq-hybrid-plan calibrate cuda:0,... writes it), whose "
                         "LSTM curve, host time per cell and tokens/s replace --cost-set's, --host-cost and the "
                         "published tokens/s; or this machine's CPU devices' (fairseq-hybrid-plan calibrate cpu,...), "
                         "with which they are priced as --measure would")

@@ -1,7 +1,7 @@
 """A cost file: what a machine measured, in the one format that
 ``fairseq-hybrid-plan --cost-file`` and ``--hybrid-cost-model`` read.
 
-Two kinds.  A GPU's (``benchmarks/gpu_check.py --phases calibrate``) is a
+Two kinds.  A GPU's (``fairseq-hybrid-plan calibrate cuda:0,...``) is a
 cost set the simulator and the planner price with in place of published
 figures, as below.  A CPU calibration (``"kind": "cpu"``, written by
 ``fairseq-hybrid-plan calibrate cpu,...``: what ``--measure`` calibrates)
@@ -12,19 +12,19 @@ the plan prices CPU devices without measuring again.
 
 The named sets (``p100``, ``a100``, ``v100``) take an LSTM layer's time per
 step by batch from DeepBench's V100, the host time per cell from a CPU, and
-one GPU's tokens/s from GNMT v2's published tables.  A lent GPU measures
-all three for itself (``benchmarks/gpu_check.py --phases calibrate`` writes
-the file), so its file replaces them; what one GPU cannot measure (the link
+one GPU's tokens/s from GNMT v2's published tables.  ``fairseq-hybrid-plan
+calibrate cuda:0,...`` measures all three on the user's GPUs and model,
+so its file replaces them; what one GPU cannot measure (the link
 between GPUs, the step's time outside the cells, an LSTM time step's
 latency) comes from the named set the file gives as its ``base``.
 
 The file, JSON::
 
     {"what": "...", "measured_on": "NVIDIA H200, torch ...", "base": "a100",
-     "one_device_tokens_per_s": 250000.0,      # hybrid_lstm_paper, 128 sentences of 50 + 50, 32k: source + target
+     "one_device_tokens_per_s": 250000.0,      # the model at 128 sentences of 50 + 50 tokens: source + target
      "lstm": {"hidden": 1024, "reference_batch": 128,
               "seconds_per_step": {"forward": [[16, 7.1e-05], ...], "backward": [[16, 9.0e-05], ...]}},
-     "host_cost": {...}}                        # benchmarks/bench_host_cost.py --json, as it wrote it
+     "host_cost": {"rows": [...]}}              # host time per cell call by K (bench_host_cost.py's rows)
 
 Loading a file registers it as a set of its own (:func:`register`), so that
 every function that takes a set's name prices with it.
@@ -104,7 +104,7 @@ def load(path: str) -> Dict:
     _curve(data.get("lstm", {}), path)
     host = data.get("host_cost")
     if not isinstance(host, dict) or not any(row.get("chunk_length") == 0 for row in host.get("rows", [])):
-        raise CostFileError(f"{path}: 'host_cost' must hold bench_host_cost.py's report with a row at chunk length 0")
+        raise CostFileError(f"{path}: 'host_cost' must hold a host-cost report with a row at chunk length 0")
     return data
 
 
@@ -127,10 +127,10 @@ def register(path: str) -> CostFile:
 
 def write(path: str, *, base: str, tokens_per_s: float, lstm_seconds: Dict, host_cost: Dict, measured_on: str,
           reference_batch: int = 128, shape: str = "") -> Dict:
-    """Write a cost file from measurements: ``lstm_seconds`` as
-    ``gpu_check.lstm_seconds_per_step`` gives it (``{"hidden", "rows":
-    {batch: {"forward": s, "backward": s}}}``), ``host_cost`` as
-    ``bench_host_cost.py --json`` wrote it.  Checked by loading it back."""
+    """Write a cost file from measurements (``timing.gpu_calibration``'s):
+    ``lstm_seconds`` as ``{"hidden", "rows": {batch: {"forward": s,
+    "backward": s}}}``, ``host_cost`` a host-cost report (its ``rows``).
+    Checked by loading it back."""
     rows = lstm_seconds["rows"]
     data = {
         "what": "a cost set measured on one GPU machine (fairseq_hybrid.forecasts.cost_file): an LSTM layer's time "
@@ -146,6 +146,7 @@ def write(path: str, *, base: str, tokens_per_s: float, lstm_seconds: Dict, host
                                       for phase in PHASES}},
         "host_cost": host_cost,
     }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as file:
         json.dump(data, file, indent=2)
     load(path)

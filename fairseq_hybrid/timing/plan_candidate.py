@@ -26,6 +26,8 @@ Kinds:
 * ``calibrate`` (CPU devices): the cost model the plan prices CPU devices
   with, measured here (:mod:`fairseq_hybrid.timing.cpu_calibration`) on
   other batches (seed 2) than the ones timed.
+* ``gpu_calibrate``: a GPU cost file's measurements
+  (:mod:`fairseq_hybrid.timing.gpu_calibration`).
 """
 
 from __future__ import annotations
@@ -237,7 +239,14 @@ def run_calibrate(spec: Dict) -> Dict:
             "batches": len(samples)}
 
 
-RUNS = {"one": run_in_process, "group": run_in_process, "ranks": run_ranks, "calibrate": run_calibrate}
+def run_gpu_calibrate(spec: Dict) -> Dict:
+    from .gpu_calibration import run
+
+    return run(spec, build)
+
+
+RUNS = {"one": run_in_process, "group": run_in_process, "ranks": run_ranks, "calibrate": run_calibrate,
+        "gpu_calibrate": run_gpu_calibrate}
 
 
 def main(argv=None) -> int:
