@@ -1,45 +1,20 @@
 #!/usr/bin/env python3
-"""Host time per cell of the hybrid engine, where arithmetic is negligible.
+"""Host time per cell of the hybrid engine, where arithmetic is negligible:
+on a GPU an op's launch is asynchronous, so what the host spends per cell
+(the engine's Python, torch's dispatch of each op) is a floor under each
+cell's time there.
 
-On a GPU an op's launch is asynchronous, so what the host spends per cell
-(the engine's own Python, and torch's dispatch of each op) is a floor under
-each cell's time there: a cell cannot be queued faster.  This script runs
-the engine on plain CPU devices with a model so small (hidden size and
-embeddings 8, vocabulary 40, 4 + 4 layers) that the cells' arithmetic costs
-next to nothing, for K = 1, 2 and 4 workers and several chunk counts, and
-reports per cell, forward and backward:
-
-* ``cell_us``: the cell's own call (its module code and torch ops), from
-  the engine's cell trace (the median of its calls);
-* ``ops``: aten ops per cell (counted in a separate run) and ``op_us``, the
-  host cost of one small op on this machine, timed alone, so ``ops x
-  op_us`` is the share of torch dispatch;
-* ``lstm_kernel_share``: the share of an LSTM cell's time spent in its one
-  LSTM kernel op (``mkldnn_rnn_layer`` forward, ``mkldnn_rnn_layer_backward``
-  on a CPU), from that same separate run, K = 1 (where every other op also
-  pays the counting mode's cost, so the share is if anything too low).  On
-  a CPU that op does the layer's work itself at a fixed cost even at hidden
-  size 8 (oneDNN sets up its primitive); on a GPU the
-  same call queues a cuDNN kernel, whose host cost is not this one;
-* ``outside_cells_us_per_cell``: each worker's step time outside its
-  cells' calls, per cell it ran: the engine's Python (inputs arriving,
-  events, the graph's bookkeeping, hand-offs), waiting for other workers,
-  and the step's work outside the cells (criterion glue, the boundary);
-* how the cell time grows when K worker threads share the GIL.
-
-The JSON (``--json``) holds a row of these per K and chunk length (and the
-machine's core count), which ``fairseq-hybrid-plan --host-cost FILE``
-and the race scripts turn into host time per cell kind and phase.  With fewer cores than workers (K = 4 on a 2-core
-machine) the cells also wait for a core, not only for the GIL.
+The engine runs on plain CPU devices with a model so small (hidden size 8,
+vocabulary 40, 4 + 4 layers) that the cells' arithmetic costs next to
+nothing, for K workers and several chunk lengths.  A row per K and chunk
+length (``fairseq_hybrid.timing.gpu_calibration.host_row``, as the product
+measures a GPU), a profiled step beside it, and at K = 1 the aten ops per
+cell, one small op's cost and the share of an LSTM cell inside its kernel
+op (docs/benchmarks.md, "Host time per cell, measured").  The JSON is what
+``fairseq-hybrid-plan --host-cost`` and the race scripts read.  A time: run
+it alone on the machine.
 
     .venv/bin/python benchmarks/bench_host_cost.py --json docs/bench/host_cost.json
-
-``--device cuda`` puts the workers on the GPUs at hand instead (virtual
-devices on one GPU where there are fewer than K) and waits for each step's
-kernels: the host time of a GPU machine's host, what ``benchmarks/gpu_check.py
---phases calibrate`` measures.
-
-A time: run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -58,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.harness.measuring import backward_step, on_device, synchronize, write_report
+from fairseq_hybrid.harness.measuring import backward_step, write_report
 from fairseq_hybrid.parallel import record_cell_times
 from fairseq_hybrid.timing.gpu_calibration import host_row
 from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
@@ -80,40 +55,28 @@ def op_cost_us(repeats: int = 20000) -> float:
     return statistics.median(timings)
 
 
-def group_devices(k: int, device: str) -> str:
-    """K plain CPU devices, or K workers on the GPUs there are (virtual
-    devices cuda:0,cuda:0,... where there are fewer than K)."""
-    if device == "cpu":
-        return ",".join(["cpu"] * k)
-    count = torch.cuda.device_count()
-    return ",".join(f"cuda:{i % count}" for i in range(k))
-
-
 GROUP_OPTIONS: Dict[str, str] = {}  # the group's other options (--softmax-chunks), the model's defaults unless set
 
 
-def setup(k: int, chunk_length: int, sentences: int, length: int, device: str = "cpu"):
+def setup(k: int, chunk_length: int, sentences: int, length: int):
     dictionary = make_dictionary()
     torch.manual_seed(0)
-    model = build_model("hybrid_lstm", dictionary, dictionary, **TINY, hybrid_devices=group_devices(k, device),
+    model = build_model("hybrid_lstm", dictionary, dictionary, **TINY, hybrid_devices=",".join(["cpu"] * k),
                         hybrid_chunk_length=chunk_length, **GROUP_OPTIONS).train()
     criterion = HybridCrossEntropyCriterion(StandInTask(dictionary, dictionary), False, 0.1)
     sample = make_sample(dictionary, dictionary, [length] * sentences, [length] * sentences)
-    if device == "cuda":  # where fairseq puts a batch
-        sample = on_device(sample, "cuda:0")
     return model, criterion, sample
 
 
 def one_step(model, criterion, sample):
-    loss, _, _ = backward_step(model, criterion, sample)
-    synchronize(loss.device)  # the step's kernels end inside its time
+    backward_step(model, criterion, sample)
 
 
-def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int, device: str = "cpu") -> Dict:
+def measure(k: int, chunk_length: int, steps: int, sentences: int, length: int) -> Dict:
     """The row of a group of ``k`` at ``chunk_length``: the product's
     measurement (``timing.gpu_calibration.host_row``) and a profiled step."""
-    model, criterion, sample = setup(k, chunk_length, sentences, length, device)
-    row = host_row(model, criterion, sample, steps, "cpu")  # setup put the sample where fairseq would
+    model, criterion, sample = setup(k, chunk_length, sentences, length)
+    row = host_row(model, criterion, sample, steps, "cpu")
     return dict(row, chunk_length=chunk_length, profiled=profiled_step(model, criterion, sample))
 
 
@@ -137,7 +100,7 @@ LSTM_KERNELS = ("aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "at
                 "aten::_cudnn_rnn_backward")
 
 
-def ops_per_cell(chunk_length: int, sentences: int, length: int, device: str = "cpu") -> Tuple[
+def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[
         Dict[str, float], Dict[str, float], Dict[str, Dict[str, float]]]:
     """aten ops per cell (forward and backward calls together), by kind, the
     share of an LSTM cell's time inside its LSTM kernel op, by phase, and
@@ -170,7 +133,7 @@ def ops_per_cell(chunk_length: int, sentences: int, length: int, device: str = "
     hook = lambda: PerCell  # noqa: E731  (entered in every job)
     thread_state.register(hook)
     try:
-        model, criterion, sample = setup(1, chunk_length, sentences, length, device)
+        model, criterion, sample = setup(1, chunk_length, sentences, length)
         one_step(model, criterion, sample)
         current.clear()
         names.clear()
@@ -204,27 +167,21 @@ def main(argv=None) -> int:
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--length", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: the workers on the GPUs at hand (the host time a GPU's host spends per cell)")
     parser.add_argument("--softmax-chunks", help="the group's --hybrid-softmax-chunks (default: the model's)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no GPU here")
     if args.softmax_chunks is not None:
         GROUP_OPTIONS["hybrid_softmax_chunks"] = args.softmax_chunks
     torch.set_num_threads(1)
     rows = []
     for k in (int(x) for x in args.groups.split(",")):
         for chunk_length in (int(x) for x in args.chunk_lengths.split(",")):
-            row = measure(k, chunk_length, args.steps, args.sentences, args.length, args.device)
+            row = measure(k, chunk_length, args.steps, args.sentences, args.length)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    ops, kernel_share, top_ops = ops_per_cell(0, args.sentences, args.length, args.device)
-    report = {"machine": platform.processor() or platform.machine(), "device": args.device,
-              "group_options": dict(GROUP_OPTIONS),
-              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__,
-              "cores": os.cpu_count(), "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops,
+    ops, kernel_share, top_ops = ops_per_cell(0, args.sentences, args.length)
+    report = {"machine": platform.processor() or platform.machine(), "device": "cpu",
+              "group_options": dict(GROUP_OPTIONS), "torch": torch.__version__, "cores": os.cpu_count(), "op_us": op_cost_us(), "ops_per_cell_k1_whole": ops,
               "lstm_kernel_share_k1_whole": kernel_share, "top_ops_per_cell_k1_whole": top_ops, "rows": rows}
     print(json.dumps(report, indent=2))
     write_report(report, args.json)

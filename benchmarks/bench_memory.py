@@ -1,31 +1,17 @@
 #!/usr/bin/env python3
 """Peak memory per device of a training step, for one device and for
-hybrid groups, counted on virtual devices.
+hybrid groups, counted on virtual devices (docs/benchmarks.md, "Memory per
+device").
 
-Each (devices, mode) runs ``--arch`` (default ``hybrid_lstm_paper``, 32k
-vocabulary) on virtual devices ``cpu:0..cpu:K-1`` (one device: the engine
-on a group of one, as ``--hybrid-devices cuda:0`` runs it): a warm-up
-training step (forward, backward, Adam: it makes the replicas and Adam's
-state), then one step at each of two batch sizes (``--measure-sentences``,
-default 64 and 128) of sentences of ``--source-length`` +
-``--target-length`` tokens put on the first device as fairseq puts it on
-``cuda:0``.  Each device's peak is counted (the bytes of the live storages
-it holds, as ``torch.cuda.max_memory_allocated`` counts them; nothing of
-the CUDA context nor the allocator's rounding and cache), for the forward
-and backward and for the optimizer step apart.  The table gives the peak
-at ``--sentences`` (measured when it is the larger size) and, from the two
-sizes, each device's fixed bytes and bytes per sentence, and so the
-largest ``--max-tokens`` that fits a 16 GiB and an 80 GiB device.  It also
-lists what the replicated parameters (attention-softmax replicas, the
-reverse direction's replica, ``data`` mode's whole-model replicas), their
-gradients and Adam's state cost per device, and what a vocabulary-parallel
-output layer (the output projection's rows split across the group) would
-save.
+Each (devices, mode) runs ``--arch`` on ``cpu:0..cpu:K-1``: a warm-up step,
+then one step at each of two batch sizes, each device's live storages
+counted as ``torch.cuda.max_memory_allocated`` counts them (no CUDA
+context, no allocator cache).  From the two sizes: each device's fixed
+bytes and bytes per sentence, the largest ``--max-tokens`` that fits 16
+and 80 GiB, and what replicas, gradients and Adam's state cost.  Counts
+bytes, not time: it may run beside other work.
 
     .venv/bin/python benchmarks/bench_memory.py --out docs/bench
-
-Writes memory.json and memory.md into --out.  Counts bytes, not time: it
-may run beside other work.
 """
 
 from __future__ import annotations

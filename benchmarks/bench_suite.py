@@ -1,31 +1,17 @@
 #!/usr/bin/env python3
 """The benchmark suite: every way of training the same model on the same
 batches, side by side in one run, as JSON, a Markdown table and a PNG plot;
-then the schedule simulator validated against these measurements.
+then the schedule simulator validated against these measurements
+(docs/benchmarks.md, "Benchmark suite and schedule simulator").
 
-Systems (``hybrid_lstm_base`` size: 2+2 layers of 256, Tatoeba batches of
-``--max-tokens``, Adam):
-
-* fairseq's built-in ``lstm`` (input feeding, all-bidirectional encoder),
-  1 thread and 2 threads;
-* ``hybrid_lstm_base`` on 1 device (1 thread, and K intra-op threads: the
-  other way to use K cores);
-* on K devices (one thread each): hybrid (default placement and
-  ``--hybrid-placement auto``), pure model parallel, pure data parallel
-  inside one process;
-* data parallel across K processes (gloo, one device and thread each,
-  PyTorch DistributedDataParallel, each process on every K-th batch, so
-  a step trains K batches; with ``--global-batch`` each process on its
-  share of every batch's sentences, so a step trains one batch, as every
-  other system does: the comparison of a user whose global batch is
-  fixed);
-* the machine's ceiling: K independent copies of the single-device step at
-  once.
-
-Each (round, system) runs in a fresh process, rounds interleave the systems
-so that machine noise hits all alike, and each reports target tokens/s and
-its peak memory: on CPU the process's peak resident set (the whole process,
-all its devices), on CUDA ``max_memory_allocated`` per device.
+Systems, ``hybrid_lstm_base`` size on Tatoeba batches with Adam: fairseq's
+``lstm`` with 1 and 2 threads; ``hybrid_lstm_base`` on 1 device with 1 and
+K threads; on K devices hybrid (default and searched placement, auto
+micro-batches), pure model and pure data parallelism; DDP across K gloo
+processes (each on every K-th batch, or with ``--global-batch`` on its
+share of every batch); K independent copies at once (the machine's
+ceiling).  Each (round, system) runs in a fresh process, rounds interleave
+the systems, and each reports target tokens/s and its peak memory.
 
   python benchmarks/bench_suite.py work/tatoeba_ja_en/bin --out results/bench
 """

@@ -2,29 +2,17 @@
 """Does training on a hybrid group reach the BLEU of one device?  Several
 seeds per side, because one pair of runs cannot say.
 
-Each run is the Tatoeba recipe (``recipes/tatoeba_ja_en/run.sh``: its
-training options, its default budget and checkpoint, beam 5, sacrebleu) with only the
-seed and the side's options changed.  Sides:
-
-* ``one``: the single-device model, the recipe's default (2 intra-op threads);
-* ``group``: the same model on ``--devices`` (default ``cpu,cpu``, one
-  thread per device), plus ``--group-args`` (for example
-  ``--hybrid-dropout-masks single-device``).
-
-``--devices cpu`` makes the group a single device running the engine's
-cells one after another: no parallelism, only the engine's order of
-floating-point operations.  Set beside ``one`` it shows what that order
-alone does to this training budget.
-
-Runs are kept under ``WORK/parity/<side>_seed<N>`` (a group named after
-its devices and options where they are not the defaults) and skipped when
-done (the recipe's own resume logic), so the study can be stopped, rerun
-and given more seeds.  Prints, and writes as JSON and Markdown, every
-run's BLEU, chrF2 and validation perplexity, the mean and standard deviation
-per side, and the paired difference per seed (``docs/parity/GROUP.*``).
+Each run is the Tatoeba recipe (``recipes/tatoeba_ja_en/run.sh``) with
+only the seed and the side's options changed: ``one``, the single-device
+model (2 intra-op threads); ``group``, the same model on ``--devices``
+(one thread each) plus ``--group-args``.  ``--devices cpu`` is a group of
+one: only the engine's order of floating-point operations.  Runs are kept
+under ``WORK/parity/<side>_seed<N>`` and resumed, so the study can be
+stopped and given more seeds.  Reports each run's BLEU, chrF2 and
+validation perplexity, the mean and deviation per side and the paired
+difference per seed (``docs/parity/GROUP.*``).
 
   python benchmarks/bleu_parity.py --seeds 1,2,3
-  python benchmarks/bleu_parity.py --seeds 1 --sides group --devices cpu
   python benchmarks/bleu_parity.py --report-only
 """
 

@@ -1,27 +1,15 @@
 #!/usr/bin/env python3
 """One LSTM cell and one attention-softmax cell as they run, read from a
-``torch.profiler`` trace, and the host time per cell call at that size.
+``torch.profiler`` trace, and the host time per cell call at that size:
+``hybrid_lstm_paper`` at 128 sentences of 50 + 50 tokens on a GPU
+(``hybrid_lstm_tiny`` on a CPU: a smoke run).  The GPU check's ``cells``
+phase (docs/gpu.md).
 
-The host time per call that prices a GPU group was measured on a tiny
-model (``bench_host_cost.py``: hidden size 8, where cuDNN takes its
-persistent small-hidden algorithm); this measures it where it matters,
-``hybrid_lstm_paper`` (hidden 1024, 32k vocabulary) at 128 sentences of
-50 + 50 tokens on a GPU (``hybrid_lstm_tiny`` at 8 sentences on a CPU: a
-smoke run), in three parts:
-
-* ``host_cost``: the engine's own cell timer over a few steps of a group
-  of one device (one worker: no other host thread in the way), at the
-  engine's default chunks and at chunk length 8, in ``bench_host_cost.py``'s
-  report format, so that a cost file can take it (``--cost-file``);
-* ``cells``: one step of a group of two workers on ``DEVICE,DEVICE``
-  (its attention-softmax shard on the second runs on a replica) under
-  ``torch.profiler`` with the engine's cells labelled
-  (``fairseq_hybrid.parallel.labelled_cells``); for one LSTM cell and one
-  attention-softmax cell, forward and backward: the host time of the
-  call, its ops, its kernels launched, the runtime calls that make the
-  host wait (stream, event or device synchronisation, a blocking copy),
-  its copies (weights re-flattened or copied show here) and the ops with
-  the most host time.
+``host_cost``: a group of one device at chunk lengths 0 and 8, timed as
+the product times a GPU (``fairseq_hybrid.timing.gpu_calibration``).
+``cells``: one step of a group of two workers under the profiler, the cells
+labelled; for each picked cell, forward and backward, its host time, ops,
+kernels launched, host waits, copies and the ops with the most host time.
 
   python benchmarks/cell_trace.py --device cuda --json work/cell_trace.json
 """

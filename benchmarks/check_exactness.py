@@ -1,24 +1,14 @@
 #!/usr/bin/env python3
 """How far a hybrid group's training step is from one device's, on real
 batches and real (for example trained) weights, next to how far one device
-is from itself with another thread count.
+is from itself with another thread count: the unit tests prove equality on
+small fixtures, this measures it where training happens.
 
-The unit tests prove equality on small fixtures; this script measures it
-where training happens: ``hybrid_lstm_base`` (or ``--arch``) built through
-fairseq's parser from a binarized corpus, optionally loaded from a
-checkpoint, on ``--max-tokens`` batches of the training set.  For each batch
-it computes loss and gradients
-
-* on one device with ``--threads`` intra-op threads (the reference),
-* on one device with 1 thread (the rounding floor: same arithmetic, partial
-  sums added in another order),
-* on the group (``--devices``, ``--mode``),
-
-with dropout either off or, with ``--dropout-masks single-device``, on with
-the very same masks on all three (the group draws the single-device model's
-masks).  It prints the relative difference of each to the reference:
-``|loss - ref| / |ref|`` and ``||grad - ref|| / ||ref||`` over all
-parameters, and the largest per-parameter relative difference.
+For each batch: loss and gradients on one device with ``--threads`` (the
+reference), with 1 thread (the rounding floor) and on the group
+(``--devices``, ``--mode``), dropout off or, with ``--dropout-masks
+single-device``, on with the same masks; the relative difference of each
+to the reference (loss, gradient norm, the worst parameter).
 
   python benchmarks/check_exactness.py work/tatoeba_ja_en/bin \\
       --checkpoint work/tatoeba_ja_en/parity/one_seed1/checkpoints/checkpoint_last.pt

@@ -1,53 +1,19 @@
 #!/usr/bin/env python3
 """The group against DDP under weak scaling, predicted: what a user with K
-GPUs would compare.
+GPUs would compare (docs/benchmarks.md, "The fair race").
 
-A user who moves from one GPU to K under DDP keeps ``--max-tokens`` per
-GPU: each step trains K batches (weak scaling, how NVIDIA's GNMT v2 figures
-were measured).  A group given the same global batch trains K batches'
-sentences per step on its K devices.  Both are set against one device at
-one batch (``hybrid_lstm_paper``, 32k vocabulary, 128 sentences of 50 + 50
-tokens) and measured in tokens per second.
+A user moving from one GPU to K under DDP keeps ``--max-tokens`` per GPU,
+so a step trains K batches; a group given the same global batch trains
+them on its K devices.  The schedule simulator prices both from the
+engine's own cells: the dependency bound by micro-batches (default and
+searched placement); the group at K x 128 sentences against DDP at 128 per
+GPU under the P100 and A100 sets, the host time read per ``--host-models``;
+with ``--data``, both on real batches (DDP's stragglers included); and
+GNMT v2's published setting, DDP's calibration.  The race at a fixed global
+batch is ``fair_race_global.py``.  Minutes, no training.
 
-From the schedule simulator replaying the engine's own cells
-(``fairseq_hybrid/planning/``):
-
-1. the dependency bound (every FLOP costs the same, nothing else costs) of
-   a group of 4 at 4 x 128 sentences for each count of micro-batches
-   (``--hybrid-micro-batches``), at the default placement and at the one
-   ``--hybrid-placement auto`` finds (layers, the reverse direction of the
-   bidirectional layer, the shard sizes), with the busiest device's share
-   of the step's FLOPs beside it; with and without the bidirectional
-   bottom layer;
-2. the group at K x 128 sentences at its best chunk length and count of
-   micro-batches (searched placement) against DDP at 128 per GPU, under
-   the P100 and A100 cost sets (``fairseq_hybrid.forecasts.gpu_costs``), with
-   the host time per cell of ``--host-cost`` (at K = 4 also for the model
-   without its bidirectional layer), and groups under DDP: two groups of
-   two on 4 GPUs, two of four on 8;
-3. with ``--data`` (a binarized corpus, e.g. the main job's
-   ``work/tatoeba_ja_en/bin``): both on real batches, drawn as fairseq's
-   batch sampler draws them at ``--max-tokens`` per GPU (default 6400, the
-   paper's 128 x 50): DDP's K ranks each get a batch of their own and every
-   step waits for the slowest (its stragglers); the group's step takes a
-   batch drawn at K x ``--max-tokens``, and, for comparison, the same K
-   batches merged;
-4. the simulator in GNMT v2's published setting (4 x V100, fp32) beside
-   its published DDP speed-up: the calibration of DDP's prediction.
-
-An LSTM cell of fewer sentences than 128 runs at the lower throughput a
-GPU reaches there (``fairseq_hybrid/forecasts/lstm_batch_efficiency.json``,
-from DeepBench): micro-batches are not free.  The host time per cell is
-read two ways (``--host-models``, ``fairseq_hybrid/forecasts/gpu_costs.py``):
-queued ahead of the devices by one host that the group's worker threads
-share (the GIL), and summed with each cell's device time (pessimistic).
-
-    .venv/bin/python benchmarks/fair_race.py --host-cost docs/bench/host_cost.json \
+    .venv/bin/python benchmarks/fair_race.py --host-cost docs/bench/host_cost.json \\
         --data work/tatoeba_ja_en/bin --out docs/bench
-
-Writes fair_race.json and fair_race.md into --out.  The race at a fixed
-global batch is ``benchmarks/fair_race_global.py``.  Minutes: no
-training.
 """
 
 from __future__ import annotations

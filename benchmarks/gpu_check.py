@@ -1,60 +1,16 @@
 #!/usr/bin/env python3
-"""One prepared check of the hybrid group on the GPU(s) at hand, in phases.
+"""One prepared check of the hybrid group on the GPU(s) at hand, in phases
+(exactness, precision, calibrate, cells, workers, streams: docs/gpu.md).
 
 Each phase runs in a process group of its own under a hard time limit; a
 phase that runs out dumps every thread's stack into its log, keeps what it
 had measured (its JSON, marked ``timed_out``), and its whole process tree
-is ended (pytest, fairseq-train, the host-cost and prediction scripts it
-started), so nothing of it runs on into the next phase's timings.  The
-budget counts from this process's start, the torch import included.  At
-the end one JSON file and one Markdown table (``--out``, default
-``work/gpu_check``) say what passed.
-
-  exactness   the exactness, engine and worker tests (their CUDA variants
-              run on K virtual devices ``cuda:0,cuda:0,...`` and on real
-              ones where there are several GPUs)
-  precision   a few fairseq-train updates of hybrid_lstm_tiny on the
-              shipped Tatoeba fixture in fp32, --amp and --fp16, on
-              one device and on a group: finite losses, and the group's
-              parameters equal one device's in fp32
-  workers     who queues the cells: the step of hybrid_lstm_paper at 128
-              sentences of 50 + 50 on K = 1, 2 and 4 devices (real GPUs
-              where there are K, else cuda:0 K times) with threads and
-              with processes (--hybrid-workers): tokens/s, each device's
-              host time per cell call and whether the hosts overlap (the
-              devices' summed busy time over the wall time: 1 is one host
-              at a time, K is K hosts at once); added to the cost file
-              where calibrate ran first.  On one GPU shared by K stages,
-              NCCL refuses two ranks on one device, so the stages move
-              tensors through host memory over gloo; their kernels share
-              the GPU (side by side only under CUDA MPS): such a run shows
-              the host side, not what K GPUs would compute
-  cells       one LSTM cell and one attention-softmax cell of
-              hybrid_lstm_paper at 128 sentences as they run
-              (benchmarks/cell_trace.py): a torch.profiler trace of each,
-              forward and backward (kernels launched, host waits, copies,
-              host time per op), and the host time per cell call at that
-              size, which replaces the tiny model's in the cost file
-  calibrate   what the predictions assume, measured, and written as a cost
-              file (cost_file.json in --out) that fairseq-hybrid-plan and
-              fair_race_global.py read with --cost-file: the host time per cell on
-              this GPU machine (bench_host_cost.py --device cuda), an LSTM
-              layer's time per step at batches 16 to 512 (hidden 1024: what
-              lstm_batch_efficiency.json takes from DeepBench), one device's
-              tokens/s in the paper's setting (hybrid_lstm_paper, 32k
-              vocabulary, 128 sentences of 50 + 50); then a group of 4 at
-              several chunk lengths and micro-batch counts
-  streams     PyTorch's CUDA Sanitizer on the caller and on every worker
-              thread, sharing one record (fairseq_hybrid.harness.cuda_sanitizer_workers),
-              over one exactness step per mode on groups of 2 and 4, the
-              batch on the first device: the stream races it reports; and
-              one group step, forward and backward, under
-              torch.cuda.set_sync_debug_mode("error"), the batch handed over
-              as fairseq's trainer hands it: any op that makes the host wait
-              fails it
+is ended, so nothing of it runs on into the next phase's timings.  The
+budget counts from this process's start, the torch import included: a lent
+machine's minutes are few.  One JSON file and one Markdown table
+(``--out``) say what passed.
 
   python benchmarks/gpu_check.py                       # everything, in at most 8 minutes (BUDGET, LIMITS)
-  python benchmarks/gpu_check.py --phases workers --steps 3
   python benchmarks/gpu_check.py --device cpu --phases precision,workers --steps 2   # a smoke run without a GPU
 """
 
@@ -279,63 +235,51 @@ def phase_precision(args, result):
                                     for sides in runs.values() for entry in sides.values() if isinstance(entry, dict)))
 
 
-def throughput(arch, devices, mode, device, steps, batch, length, vocab, options):
-    import torch
-    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
-
-    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-    from fairseq_hybrid.harness.measuring import train_steps
-    from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
-
-    src_dict, tgt_dict = make_dictionary(vocab), make_dictionary(vocab)
-    task = StandInTask(src_dict, tgt_dict)
-    group = {"hybrid_devices": ",".join(devices), "hybrid_mode": mode} if devices else {}
-    torch.manual_seed(0)
-    model = build_model(arch, src_dict, tgt_dict, **options, **group)
-    if not devices:
-        model = model.to(device)
-    criterion = (HybridCrossEntropyCriterion(task, False, 0.1) if arch.startswith("hybrid")
-                 else LabelSmoothedCrossEntropyCriterion(task, False, 0.1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    sample = make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch)  # train_steps moves it
-    train_steps(model, criterion, optimizer, [sample], device)  # warm-up
-    tokens, seconds = train_steps(model, criterion, optimizer, [sample] * steps, device)
-    return tokens / seconds
-
-
-def group_step(arch, devices, workers, device, steps, batch, length, vocab):
-    """A group of ``devices`` with ``workers`` training ``steps`` steps of
-    one batch: target tokens/s, the wall time a step, each device's busy
-    share (the engine's ``devK_busy``: on a GPU, its host queueing cells) and
-    its cells a step (forward and backward)."""
+def timed(arch, devices, device, steps, batch, length, vocab, **options):
+    """``arch`` on one device (no ``devices``) or a group of ``devices``
+    with ``options``, ``steps`` steps of one batch after a warm-up: the
+    model, its batch, target tokens/s, the wall time a step and each
+    device's busy share (the engine's ``devK_busy``: on a GPU, its host
+    queueing cells)."""
     import torch
     from fairseq.logging import metrics
 
     from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
     from fairseq_hybrid.harness.measuring import train_steps
     from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
-    from fairseq_hybrid.parallel import build_step
 
     src_dict, tgt_dict = make_dictionary(vocab), make_dictionary(vocab)
     torch.manual_seed(0)
-    model = build_model(arch, src_dict, tgt_dict, hybrid_devices=",".join(devices), hybrid_workers=workers)
+    model = build_model(arch, src_dict, tgt_dict, **({"hybrid_devices": ",".join(devices), **options} if devices
+                                                     else {}))
+    model = model if devices else model.to(device)
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     # on the host: train_steps hands it over as fairseq's trainer does
     sample = make_sample(src_dict, tgt_dict, [length] * batch, [length] * batch)
-    group = model.hybrid_group
     try:
         train_steps(model, criterion, optimizer, [sample], device)  # warm-up (and the stages' start)
         with metrics.aggregate(new_root=True) as logged:
             tokens, seconds = train_steps(model, criterion, optimizer, [sample] * steps, device)
         busy = [float(logged.get_smoothed_values()[f"dev{index}_busy"]) for index in range(len(devices))]
     finally:
-        if group.stages is not None:
-            group.stages.close()
+        if devices and model.hybrid_group.stages is not None:
+            model.hybrid_group.stages.close()
+    return model, sample, tokens / seconds, seconds / steps, busy
+
+
+def group_step(arch, devices, workers, device, steps, batch, length, vocab):
+    """A group of ``devices`` with ``workers``: :func:`timed`'s figures and
+    each device's cells a step (forward and backward)."""
+    from fairseq_hybrid.parallel import build_step
+
+    model, sample, rate, wall, busy = timed(arch, devices, device, steps, batch, length, vocab,
+                                            hybrid_workers=workers)
+    group = model.hybrid_group
     built = build_step(model, group.plan, sample["net_input"], sample["target"], None, group.chunk_length, 1,
                        group.replicas)
     cells = [2 * sum(1 for cell in built.step.cells if cell.worker == index) for index in range(len(devices))]
-    return tokens / seconds, seconds / steps, busy, cells
+    return rate, wall, busy, cells
 
 
 def phase_workers(args, result):
@@ -418,17 +362,17 @@ def phase_calibrate(args, result):
     shape = dict(batch=128, length=50, vocab=32000) if cuda else dict(batch=8, length=6, vocab=50)
     result["shape"] = f"{arch}, {shape['batch']} sentences of {shape['length']} + {shape['length']} tokens"
     common = dict(device=args.device, steps=args.steps, **shape)
-    one = throughput(arch, [], "hybrid", options={}, **common)
+    one = timed(arch, [], **common)[2]
     devices = devices_for(args.device, count, 4 if cuda else 2)
     sweep = {}
     result["chunk_sweep"] = {"devices": ",".join(devices), "rows": sweep}  # kept row by row
     for length in CHUNK_SWEEP:
-        rate = throughput(arch, devices, "hybrid", options={"hybrid_chunk_length": length}, **common)
+        rate = timed(arch, devices, hybrid_chunk_length=length, **common)[2]
         sweep[length] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
         result.save()
         print(length, sweep[length], flush=True)
     for micro_batches in MICRO_BATCH_SWEEP:
-        rate = throughput(arch, devices, "hybrid", options={"hybrid_micro_batches": micro_batches}, **common)
+        rate = timed(arch, devices, hybrid_micro_batches=micro_batches, **common)[2]
         sweep[f"0, M={micro_batches}"] = {"tokens_per_s": 2 * rate, "vs_one_device": rate / one}
         result.save()
         print(micro_batches, sweep[f"0, M={micro_batches}"], flush=True)

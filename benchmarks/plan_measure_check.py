@@ -1,22 +1,13 @@
 #!/usr/bin/env python3
 """``fairseq-hybrid-plan --measure`` checked on this machine's CPU devices,
-in one run: the benchmark suite's systems that match the plan's
-candidates, then the plan with ``--measure cpu,...``, both at the same
-``--max-tokens`` on the same data, each in alternating rounds.
-
-Two questions, answered in ``--out``.json/.md:
-
-1. Is each prediction within 10% of what the plan itself measured (the
-   median of its rounds' ratios)?  On CPU devices the plan prices with a
-   cost model it calibrates on other batches than the timed ones, again
-   before every round.
-2. Does the plan pick what the suite measures fastest, or a system within
-   the suite's noise (its rounds' spread)?  The plan's candidates and the
-   suite's systems: one device with all K threads; DDP over gloo (the
-   suite run with ``--global-batch``: its ranks split every batch, as the
-   plan's do, so every system trains the same global batch); one group
-   (the suite lets it choose placement and micro-batches, the plan runs
-   its own choice).
+in one run: the benchmark suite's systems that match the plan's candidates
+(one device with K threads, DDP over gloo with ``--global-batch``, one
+group), then the plan with ``--measure cpu,...``, at the same
+``--max-tokens`` on the same data, each in alternating rounds.  It
+answers: is each prediction within 10% of what the plan measured, and does
+the plan pick what the suite measures fastest or one within the suite's
+noise? (``--out``.json/.md; docs/benchmarks.md, "Measured on your own
+devices").
 
   python benchmarks/plan_measure_check.py work/tatoeba_ja_en/bin --out docs/bench/plan_measure
 """

@@ -1,28 +1,15 @@
 #!/usr/bin/env python3
-"""Where a training update of the main job spends its time, on one device.
+"""Where a training update of the main job spends its time, on one device
+(docs/benchmarks.md, "Where an update of the main job goes").
 
-Builds the main job's model, criterion and optimizer through fairseq's own
-option parsing with the main job's training settings (the files
-``recipes/tatoeba_ja_en/training.args`` and ``schedule.args``, which
-``run.sh`` reads; ``hybrid_lstm_base`` unless ``--arch`` says otherwise;
-the recipe's 2 intra-op threads), runs fairseq's ``Trainer.train_step`` on the
-recipe's batches, and profiles ``--steps`` updates after ``--warmup`` with
-``torch.profiler``.  Prints, and writes as JSON:
-
-- by phase: data loading, forward with the loss (the fused output loss
-  computes its gradients here), backward, gradient clipping, the
-  optimizer step, as a share of the update;
-- by op: the torch ops with the most self time, by input shape and in all;
-- the heavy work's rate: the matrix products' FLOPs (the profiler's count)
-  and the LSTM kernels' FLOPs (counted from the layer sizes and the
-  batches' tokens) per millisecond, beside this machine's own sgemm rate:
-  how much faster the update could get without doing less arithmetic;
-- the forward time of each encoder and decoder layer.
-
-``--time-only`` times the updates without the profiler (what
-``benchmarks/bench_one_device.py`` runs for each side); ``--package DIR``
-runs the ``fairseq_hybrid`` in DIR (an older checkout, first on
-``PYTHONPATH``) instead of this one.  Further ``fairseq-train`` arguments go after ``--``.
+The main job's model, criterion and optimizer, built through fairseq's
+parser from the recipe's ``training.args`` and ``schedule.args``, run
+fairseq's ``Trainer.train_step`` on the recipe's batches under
+``torch.profiler``: the update by phase, the ops with the most self time,
+the matrix products' and LSTM kernels' FLOPs per millisecond beside this
+machine's sgemm rate, each layer's forward time.  ``--time-only`` times
+the updates without the profiler (two trees' timings, in alternating runs,
+compare two commits).
 
   python benchmarks/profile_training.py work/tatoeba_ja_en/bin --json docs/bench/profile_one_device.json
 """
@@ -30,7 +17,6 @@ runs the ``fairseq_hybrid`` in DIR (an older checkout, first on
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
@@ -39,39 +25,18 @@ from collections import defaultdict
 
 import torch
 
+from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import write_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "recipes", "tatoeba_ja_en")
 
 
-def load_measuring():
-    """This checkout's measuring helpers, loaded from their files: with
-    ``--package`` the name ``fairseq_hybrid`` is another checkout's, which
-    may predate them.  They import ``..timing.training_steps``, so they
-    load as ``harness.measuring`` of a package of this checkout's files
-    under a name of its own (the packages' ``__init__`` left unrun, but
-    the engine's face, which ``training_steps`` imports)."""
-    import types
-
-    here = os.path.join(REPO, "fairseq_hybrid")
-    for name, folder in (("fairseq_hybrid_here", here), ("fairseq_hybrid_here.harness", os.path.join(here, "harness")),
-                    ("fairseq_hybrid_here.timing", os.path.join(here, "timing"))):
-        package = types.ModuleType(name)
-        package.__path__ = [folder]
-        sys.modules.setdefault(name, package)
-    return importlib.import_module("fairseq_hybrid_here.harness.measuring")
-
-
-measuring = load_measuring()
-
-
-def recipe_args(data: str, arch: str, user_dir: str = measuring.USER_DIR) -> list:
+def recipe_args(data: str, arch: str) -> list:
     """fairseq-train's arguments as the main job's recipe gives them (its
     ``training.args`` and ``schedule.args``, which ``run.sh`` reads; fairseq's
     ``lstm`` at the same size for ``--arch lstm``)."""
     model = measuring.fairseq_lstm_args() if arch == "lstm" else measuring.preset_args(arch)
-    model = [user_dir if arg == measuring.USER_DIR else arg for arg in model]
     settings = [*measuring.read_args(os.path.join(RECIPE, "training.args")),
                 *measuring.read_args(os.path.join(RECIPE, "schedule.args"))]
     return [data, "--cpu", *model, *settings, "--no-save", "--disable-validation"]
@@ -191,8 +156,6 @@ def main(argv=None):
     parser.add_argument("--json", default=None, help="write the tables here")
     parser.add_argument("--time-only", action="store_true",
                    help="no profiler: print the wall time of an update and stop")
-    parser.add_argument("--package", default=None,
-                   help="a folder holding another fairseq_hybrid (an older checkout) to run instead of this one")
     parser.add_argument("--no-mkldnn", action="store_true",
                    help="torch.backends.mkldnn off (PyTorch's native LSTM kernels)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -202,21 +165,13 @@ def main(argv=None):
         parser.error(f"{args.data}: {measuring.NO_DATA}")
     torch.set_num_threads(args.threads)
     logging.disable(logging.WARNING)
-    user_dir = measuring.USER_DIR
-    if args.package:  # put first on the import path by PYTHONPATH (benchmarks/bench_one_device.py does)
-        user_dir = os.path.join(os.path.abspath(args.package), "fairseq_hybrid")
-    import fairseq_hybrid
-
-    if os.path.dirname(os.path.abspath(fairseq_hybrid.__file__)) != os.path.abspath(user_dir):
-        parser.error(f"fairseq_hybrid imports from {fairseq_hybrid.__file__}, not {user_dir}")
-
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
     train_parser = options.get_training_parser()
     cfg = convert_namespace_to_omegaconf(
-        options.parse_args_and_arch(train_parser, recipe_args(args.data, args.arch, user_dir) + extra))
+        options.parse_args_and_arch(train_parser, recipe_args(args.data, args.arch) + extra))
     torch.manual_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
@@ -268,7 +223,7 @@ def main(argv=None):
     if args.time_only:
         total = sum(update(False) for _ in range(args.steps))
         print(f"{args.arch}, {args.threads} threads, {args.steps} updates after {args.warmup}: "
-              f"{total / args.steps * 1000:.1f} ms an update (fairseq_hybrid from {user_dir})")
+              f"{total / args.steps * 1000:.1f} ms an update")
         return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                            with_flops=True) as prof:

@@ -1,25 +1,13 @@
 #!/usr/bin/env python3
-"""Predict the speed-up of hybrid, pure model-parallel and pure
-data-parallel training for K devices by replaying the engine's schedule.
-
-1. Calibrate on this machine: train ``hybrid_lstm_base`` on one CPU device
-   (one thread) through the engine on Tatoeba batches, record every cell's
-   time and fit a cost model (rate and fixed cost per kind of cell and
-   phase, step overhead outside the cells).
-2. Validate: predict the K = 2 CPU speed-ups on the same batches as
-   ``benchmarks/bench_suite.py`` (which runs this script after its own
-   measurements) and set them beside its measurements
-   (``--measured``), using the machine's measured contention (its ceiling).
-3. Predict K = 1, 2, 4, 8 on this machine's cost model, and the paper's
-   setting (4 GPUs, ``hybrid_lstm_paper``) under stated GPU assumptions.
-
-First, and alone with ``--bound-only`` (seconds, no calibration), the
-dependency bound: the speed-up the cells' dependencies allow when every
-floating-point operation costs the same and nothing else costs anything.
-
-The ``--json`` file also serves ``fairseq-train --hybrid-placement auto
---hybrid-cost-model FILE``: the placement is then chosen under these
-measured costs.
+"""The schedule simulator checked on this machine: a cost model fitted to one
+CPU device running the engine (``fairseq_hybrid.timing.cpu_calibration``),
+the speed-ups it predicts for the benchmark suite's groups set beside what
+the suite measured (``--measured``; ``bench_suite.py`` runs this after its
+own measurements), and its predictions for K = 1, 2, 4, 8.  First, and
+alone with ``--bound-only`` (seconds), the dependency bound: every FLOP
+costs the same and nothing else costs.  The ``--json`` file's
+``cost_model`` is what ``--hybrid-cost-model`` reads (as it reads
+``fairseq-hybrid-plan calibrate``'s file).
 
   python benchmarks/simulate_schedule.py work/tatoeba_ja_en/bin --measured bench.json --json simulation.json
 """
@@ -34,9 +22,9 @@ from fairseq_hybrid.harness.measuring import batches, build, preset_args, suite_
 from fairseq_hybrid.parallel import AUTO, build_plan
 from fairseq_hybrid.planning.chunk_choice import ChunkLengthChooser
 from fairseq_hybrid.timing.cpu_calibration import fitted_cost
-from fairseq_hybrid.forecasts.gpu_costs import KINDS, PHASES, gpu_cost_model, predicted_step
+from fairseq_hybrid.forecasts.gpu_costs import predicted_step
 from fairseq_hybrid.planning.placement_search import best_placement
-from fairseq_hybrid.planning.twin_model import batch, twin_model
+from fairseq_hybrid.planning.twin_model import twin_model
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 MODES = ("hybrid", "model", "data")
@@ -90,14 +78,6 @@ def predicted_seconds(model, cfg, k, mode, placement, cost, samples, chunk_lengt
     return total
 
 
-def shaped_samples(sentences, source_length, target_length, count):
-    out = []
-    for _ in range(count):
-        net_input, target = batch(sentences, [source_length] * sentences, target_length)
-        out.append({"net_input": net_input, "target": target})
-    return out
-
-
 def speedups(model, cfg, cost, samples, devices, placement=""):
     """Predicted speed-up over K = 1 for every mode and K (None where the
     plan is impossible: more devices than layers)."""
@@ -114,17 +94,6 @@ def speedups(model, cfg, cost, samples, devices, placement=""):
     return table
 
 
-def gpu_cost(args):
-    kinds_phases = [f"{kind}/{phase}" for kind in KINDS for phase in PHASES]
-    return gpu_cost_model(
-        args.gpu_tflops * 1e12 * args.gpu_efficiency, {key: args.gpu_call_us * 1e-6 for key in kinds_phases},
-        args.gpu_step_us, args.gpu_step_overhead_ms * 1e-3, args.link_gbps * 1e9, args.link_latency_us * 1e-6,
-        note=(f"assumed GPU: {args.gpu_tflops} TFLOP/s fp32 at {args.gpu_efficiency:.0%} efficiency, "
-              f"{args.gpu_call_us} us per cell call, {args.gpu_step_us} us per LSTM time step (forward; twice "
-              f"in backward), {args.gpu_step_overhead_ms} ms per step outside the cells; link "
-              f"{args.link_gbps} GB/s, {args.link_latency_us} us per transfer"))
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", help="fairseq-preprocess output (ja-en), as for bench_suite.py")
@@ -133,15 +102,6 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, default=10, help="as bench_suite.py --batches")
     parser.add_argument("--measured", help="bench_suite.py's bench.json to validate against")
     parser.add_argument("--devices", default="1,2,4,8")
-    parser.add_argument("--paper-batch", default="128,50,50", help="sentences,source,target tokens (assumed)")
-    parser.add_argument("--paper-vocab", type=int, default=32000, help="assumed vocabulary of the paper's setting")
-    parser.add_argument("--gpu-tflops", type=float, default=9.3, help="fp32 peak of the assumed GPU (P100: 9.3)")
-    parser.add_argument("--gpu-efficiency", type=float, default=0.5)
-    parser.add_argument("--gpu-call-us", type=float, default=30.0, help="fixed cost of a cell call")
-    parser.add_argument("--gpu-step-us", type=float, default=20.0, help="latency of one LSTM time step")
-    parser.add_argument("--gpu-step-overhead-ms", type=float, default=5.0)
-    parser.add_argument("--link-gbps", type=float, default=12.0, help="device-to-device bytes/s / 1e9 (PCIe 3 x16)")
-    parser.add_argument("--link-latency-us", type=float, default=10.0)
     parser.add_argument("--bound-only", action="store_true",
                         help="only the dependency bound: no calibration, every FLOP costs the same, nothing else")
     parser.add_argument("--json", help="write the result here")
@@ -164,8 +124,7 @@ def main(argv=None):
         return
     measured = json.load(open(args.measured)) if args.measured else None
     cost, model = calibrate(args.data, samples, args.arch, group_threads=measured["devices"] if measured else 2)
-    result = {"cost_model": cost.__dict__, "dependency_bound": bound, "validation": {}, "this_machine": {},
-              "paper_setting": {}}
+    result = {"cost_model": cost.__dict__, "dependency_bound": bound, "validation": {}, "this_machine": {}}
 
     if measured:
         systems = measured["systems"]
@@ -195,20 +154,6 @@ def main(argv=None):
     for name, row in result["this_machine"].items():
         print(f"  {name}: " + (f"{row['speedup']:.2f}x" if row["speedup"] else "n/a"))
 
-    sentences, source, target = (int(x) for x in args.paper_batch.split(","))
-    paper, paper_cfg = twin_model("hybrid_lstm_paper", args.paper_vocab)
-    gpu = gpu_cost(args)
-    paper_samples = shaped_samples(sentences, source, target, 1)
-    result["paper_setting"] = {
-        "assumptions": gpu.note + f"; batch {sentences} sentences of {source} source and {target} target tokens; "
-                       f"vocabulary {args.paper_vocab}; default placement",
-        "predicted": speedups(paper, paper_cfg, gpu, paper_samples, [1, 2, 4]),
-        "paper": "4.13x to 4.20x (hybrid, 4 GPUs vs 1)",
-    }
-    print(f"\nPaper setting (hybrid_lstm_paper, 4 GPUs) under assumptions: {result['paper_setting']['assumptions']}")
-    for name, row in result["paper_setting"]["predicted"].items():
-        print(f"  {name}: " + (f"{row['speedup']:.2f}x" if row["speedup"] else "n/a"))
-    print("  the paper: 4.13x to 4.20x (hybrid, 4 GPUs vs 1)")
     write_report(json.loads(json.dumps(result, default=str)), args.json)
 
 

@@ -1,9 +1,7 @@
 """What a fairseq-train run's ``train.log`` says about its validations:
 the loss (and BLEU, where the run validated with ``--eval-bleu``) at each
 update, and fairseq's own ``wall`` meter at that point. The recipe's picture
-of a run (``recipes/tatoeba_ja_en/plot_curves.py``) and the time-to-BLEU
-benchmark (``benchmarks/time_to_bleu.py``) read runs through it, so they
-agree on what a log says.
+of a run (``recipes/tatoeba_ja_en/plot_curves.py``) reads runs through it.
 
 The log is fairseq-train's output with ``--log-format simple``, appended to
 across resumptions; the ``wall`` meter is kept in the checkpoints, so a

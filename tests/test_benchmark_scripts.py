@@ -42,8 +42,8 @@ def test_bench_suite_smoke(binarized, tmp_path):
 @pytest.mark.slow
 @pytest.mark.benchmark
 def test_simulate_schedule_smoke(binarized, tmp_path):
-    """Calibration, validation against a suite's measurements, this
-    machine's and the paper setting's predictions, in one JSON: the cost
+    """Calibration, validation against a suite's measurements and this
+    machine's predictions, in one JSON: the cost
     model carries both times outside the cells (one device, one thread; a
     group's main thread, K threads) and every measured group gets a row."""
     suite = tmp_path / "bench"
@@ -65,7 +65,6 @@ def test_simulate_schedule_smoke(binarized, tmp_path):
     assert this["hybrid K=1"]["speedup"] == 1.0  # a speed-up over K = 1, priced step by step
     assert this["hybrid K=2"]["speedup"] == pytest.approx(this["hybrid K=1"]["seconds_per_step"] /
                                                           this["hybrid K=2"]["seconds_per_step"])
-    assert result["paper_setting"]["predicted"]["hybrid K=4"]
 
 
 def test_bench_suite_refuses_fewer_batches_than_processes(binarized):
@@ -223,20 +222,6 @@ def test_profile_training_smoke(binarized, tmp_path):
     assert report["matrix_products"]["gflop_per_update"] > 0 and report["lstm_kernels"]["gflop_per_update"] > 0
     assert report["sgemm_gflop_per_s"] > 0
     assert {"encoder layer 0", "decoder layer 1"} <= report["forward_parts_ms_per_update"].keys()
-
-
-@pytest.mark.benchmark
-def test_bench_one_device_runs_the_baseline_from_its_own_tree(binarized, tmp_path):
-    """The side-by-side speed of one device: the baseline commit's
-    fairseq_hybrid, exported, and this checkout's, in alternating runs."""
-    out = tmp_path / "one_device.json"
-    result = run(sys.executable, os.path.join(BENCHMARKS, "bench_one_device.py"), binarized / "bin", "--baseline",
-                 "HEAD", "--rounds", "1", "--steps", "2", "--warmup", "1", "--json", out, timeout=300)
-    report = json.load(open(out))
-    (round_,) = report["rounds"]
-    assert round_["speedup"] == pytest.approx(round_["baseline_ms"] / round_["this_ms"])
-    assert report["median_speedup"] == round_["speedup"] and report["baseline"] == report["head"]
-    assert "median speed-up" in result.stdout
 
 
 @pytest.mark.slow

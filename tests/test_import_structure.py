@@ -224,3 +224,17 @@ def test_scripts_import_the_installed_package_not_each_other():
             if re.search(r"sys\.path\.(insert|append)\(", text):
                 offenders.append(f"{folder}/{name} edits sys.path")
     assert not offenders, offenders
+
+
+def python_lines(*folders):
+    return sum(len(open(os.path.join(root, name)).read().splitlines()) for folder in folders
+               for root, _, names in os.walk(os.path.join(REPO, folder)) for name in names if name.endswith(".py"))
+
+
+def test_the_benchmarks_stay_under_a_fifth_of_the_code():
+    """benchmarks/ holds the studies still in use; a study whose question
+    is answered leaves the tree (its result stays in docs/ with the commit
+    that holds it), so the measurements do not outgrow what they measure."""
+    benchmarks = python_lines("benchmarks")
+    rest = python_lines("fairseq_hybrid", "scripts", "recipes")
+    assert benchmarks / (benchmarks + rest) < 0.20, (benchmarks, rest)

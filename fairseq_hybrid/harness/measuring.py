@@ -22,7 +22,7 @@ from ..timing.training_steps import backward_step, on_device, synchronize, train
 from ..train_command import command_batches
 
 __all__ = [
-    "USER_DIR", "COMMON", "SIZE", "NO_DATA", "read_args", "fairseq_lstm_args", "hybrid_lstm_args", "preset_args", "build",
+    "USER_DIR", "COMMON", "SIZE", "NO_DATA", "read_args", "fairseq_lstm_args", "preset_args", "build",
     "task_of",
     "batches", "command_batches", "on_device", "backward_step", "loss_and_grads", "train_steps", "synchronize", "System", "suite_systems", "write_report",
 ]
@@ -42,20 +42,6 @@ def fairseq_lstm_args(size=SIZE) -> List[str]:
         "--arch", "lstm", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--encoder-embed-dim", str(size["embed"]), "--encoder-hidden-size", str(size["hidden"]),
         "--encoder-layers", str(size["layers"]), "--encoder-bidirectional",
-        "--decoder-embed-dim", str(size["embed"]), "--decoder-hidden-size", str(size["hidden"]),
-        "--decoder-layers", str(size["layers"]), "--decoder-out-embed-dim", str(size["embed"]),
-    ]
-
-
-def hybrid_lstm_args(size=SIZE) -> List[str]:
-    """``hybrid_lstm`` with every encoder layer bidirectional, as in fairseq's
-    lstm, so that the two differ only in input feeding and in how the
-    decoder and loss are run."""
-    return [
-        "--user-dir", USER_DIR,
-        "--arch", "hybrid_lstm", "--criterion", "hybrid_cross_entropy", "--label-smoothing", "0.1",
-        "--encoder-embed-dim", str(size["embed"]), "--encoder-hidden-size", str(size["hidden"]),
-        "--encoder-layers", str(size["layers"]), "--encoder-bidirectional-layers", str(size["layers"]),
         "--decoder-embed-dim", str(size["embed"]), "--decoder-hidden-size", str(size["hidden"]),
         "--decoder-layers", str(size["layers"]), "--decoder-out-embed-dim", str(size["embed"]),
     ]
@@ -247,22 +233,6 @@ def suite_systems(k: int) -> List[System]:
 
 # -- reports -------------------------------------------------------------------------
 
-
-def export_tree(repo: str, ref: str, folder: str, paths=("fairseq_hybrid",)) -> str:
-    """``paths`` of ``repo`` at ``ref`` (a commit, branch or tag) written
-    into ``folder``, so that a script can run an earlier version's package
-    beside this one's; the commit id returned."""
-    import subprocess
-    import tarfile
-
-    commit = subprocess.check_output(["git", "-C", repo, "rev-parse", "--verify", f"{ref}^{{commit}}"],
-                                     text=True).strip()
-    archive = os.path.join(folder, "tree.tar")
-    subprocess.check_call(["git", "-C", repo, "archive", "--format=tar", "-o", archive, commit, *paths])
-    with tarfile.open(archive) as tar:
-        tar.extractall(folder, filter="data")
-    os.remove(archive)
-    return commit
 
 def write_report(report: Dict, json_path: Optional[str], markdown: Optional[str] = None) -> None:
     """``report`` as JSON at ``json_path`` and, where given, its Markdown
