@@ -1,15 +1,12 @@
 #!/usr/bin/env python3
 """One LSTM cell and one attention-softmax cell as they run, read from a
-``torch.profiler`` trace, and the host time per cell call at that size:
-``hybrid_lstm_paper`` at 128 sentences of 50 + 50 tokens on a GPU
-(``hybrid_lstm_tiny`` on a CPU: a smoke run).  The GPU check's ``cells``
-phase (docs/gpu.md).
-
-``host_cost``: a group of one device at chunk lengths 0 and 8, timed as
-the product times a GPU (``fairseq_hybrid.timing.gpu_calibration``).
-``cells``: one step of a group of two workers under the profiler, the cells
-labelled; for each picked cell, forward and backward, its host time, ops,
-kernels launched, host waits, copies and the ops with the most host time.
+``torch.profiler`` trace: ``hybrid_lstm_paper`` at 128 sentences of 50 + 50
+tokens on a GPU (``hybrid_lstm_tiny`` on a CPU: a smoke run), the GPU
+check's ``cells`` phase (docs/gpu.md).  One step of a group of two workers
+under the profiler, the cells labelled; for each picked cell, forward and
+backward, its host time, ops, kernels launched, host waits, copies and the
+ops with the most host time (the host time per call by kind is the
+calibrate phase's).
 
   python benchmarks/cell_trace.py --device cuda --json work/cell_trace.json
 """
@@ -17,10 +14,8 @@ kernels launched, host waits, copies and the ops with the most host time.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Dict, List
 
 import torch
@@ -29,7 +24,6 @@ from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCri
 from fairseq_hybrid.harness.measuring import backward_step, synchronize, write_report
 from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
 from fairseq_hybrid.parallel import keep_on_host, labelled_cells
-from fairseq_hybrid.timing.gpu_calibration import host_row
 
 # CUDA runtime calls that make the host wait for the device
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ", "cudaMemcpy(")
@@ -67,13 +61,6 @@ def step(model, criterion, sample, devices) -> None:
 def _moved(sample, device: str):
     from fairseq_hybrid.harness.measuring import on_device
     return on_device(sample, device)
-
-
-def host_row_of(device: str, chunk_length: int, shape: Dict, steps: int) -> Dict:
-    """``bench_host_cost.py``'s row for a group of one device (the
-    product's measurement, ``timing.gpu_calibration.host_row``)."""
-    model, criterion, sample, devices = group([device], chunk_length, shape)
-    return dict(host_row(model, criterion, sample, steps, devices[0]), chunk_length=chunk_length)
 
 
 def inside(events, label) -> List:
@@ -124,31 +111,19 @@ def trace_cells(device: str, shape: Dict) -> Dict:
             "labelled": len(labels)}
 
 
-def measure(device: str, steps: int) -> Dict:
+def measure(device: str) -> Dict:
     shape = shape_of(device)
     report = {"shape": f"{shape['arch']}, {shape['sentences']} sentences of {shape['length']} + {shape['length']} "
                        f"tokens, {shape['vocabulary']} words", "device": device,
               "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "torch": torch.__version__}
-    target = "cuda:0" if device == "cuda" else "cpu"
-    report["host_cost"] = {"machine": "cell_trace.py", "device": device, "gpu": report["gpu"],
-                           "torch": torch.__version__, "model": report["shape"],
-                           "rows": [host_row_of(target, length, shape, steps) for length in (0, 8)]}
     report["trace"] = trace_cells(device, shape)
     return report
 
 
 def markdown(report: Dict) -> str:
-    lines = [f"# One cell as it runs ({report['shape']}, {report['device']})", "",
-             "Host time per cell call, a group of one device (`benchmarks/cell_trace.py`):", "",
-             "| chunk length | cells a step | step ms | LSTM fwd / bwd us | attention-softmax fwd / bwd us |",
-             "| ---: | ---: | ---: | ---: | ---: |"]
-    for row in report["host_cost"]["rows"]:
-        us = row["cell_us"]
-        lines.append(f"| {row['chunk_length']} | {row['cells_per_step']:.0f} | {row['step_ms']:.1f} | "
-                     f"{us.get('lstm/forward', 0):.0f} / {us.get('lstm/backward', 0):.0f} | "
-                     f"{us.get('attention_softmax/forward', 0):.0f} / {us.get('attention_softmax/backward', 0):.0f} |")
     trace = report["trace"]
-    lines += ["", f"Traced on {trace['devices']}, chunk length 8:", "",
+    lines = [f"# One cell as it runs ({report['shape']}, {report['device']})", "",
+             f"Traced on {trace['devices']}, chunk length 8 (`benchmarks/cell_trace.py`):", "",
               "| cell | host us | ops | kernels | host waits | copies | most host time |",
               "| --- | ---: | ---: | ---: | --- | ---: | --- |"]
     for name, cell in trace["cells"].items():
@@ -164,10 +139,9 @@ def markdown(report: Dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per row of the host cost")
     parser.add_argument("--json", help="write the report here (and a .md beside it)")
     args = parser.parse_args(argv)
-    report = measure(args.device, args.steps)
+    report = measure(args.device)
     text = markdown(report)
     print(text)
     write_report(report, args.json, text)

@@ -154,7 +154,7 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
     assert written["lstm"]["seconds_per_step"] == curve and written["lstm"]["hidden"] == 32
     assert written["host_cost"]["rows"][0]["cell_us"] == calibrate["host_us_per_cell"]["K=1"]
     # the cells phase: one LSTM and one attention-softmax cell traced, forward and backward, as the profiler
-    # saw them on the workers' threads, and the host time per call of a group of one
+    # saw them on the workers' threads
     cells = report["phases"]["cells"]
     assert cells["ok"], cells
     assert set(cells["trace"]) == {f"{cell} chunk 0 ({phase})" for cell in ("decoder layer 1",
@@ -162,7 +162,6 @@ def test_gpu_check_runs_without_a_gpu(tmp_path):
                                    for phase in ("forward", "backward")}
     lstm = cells["trace"]["decoder layer 1 chunk 0 (forward)"]
     assert "aten::mkldnn_rnn_layer" in lstm["top_ops_us"] and lstm["host_waits"] == [] and lstm["ops"] >= 10
-    assert [(row["k"], row["chunk_length"]) for row in cells["host_rows"]] == [(1, 0), (1, 8)]
     # the workers phase: threads and processes at K = 1 and 2, each device's host time per call, into the file
     workers = report["phases"]["workers"]
     assert workers["ok"], workers
