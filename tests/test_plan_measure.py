@@ -17,7 +17,7 @@ from fairseq_hybrid.commands import plan
 from fairseq_hybrid import train_command
 from fairseq_hybrid.forecasts import plan_prices, workload
 from fairseq_hybrid.timing.plan_candidate import padded_tokens
-from fairseq_hybrid.timing.training_steps import rows_of, share_of
+from fairseq_hybrid.timing.training_steps import rows_of, share_of, synchronize
 from fairseq_hybrid.timing.cpu_calibration import cpu_costs, ring_bandwidth, scaled
 from fairseq_hybrid.forecasts.data_parallel_cost import ring_allreduce_seconds
 from fairseq_hybrid.forecasts.race import race
@@ -214,3 +214,12 @@ def test_measure_refuses_accumulated_steps(binarized):
                              str(binarized / "bin"), *TINY, "--update-freq", "2"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and "--measure times one batch a step" in result.stderr
+
+
+def test_a_timed_step_waits_for_every_gpu_it_names(monkeypatch):
+    """``torch.cuda.synchronize()`` waits for the current device only: a
+    group's timed steps wait for each of its GPUs, CPU devices for none."""
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    synchronize("cuda:1", "cpu", torch.device("cuda", 0), torch.device("cpu", 3))
+    assert waited == [torch.device("cuda", 1), torch.device("cuda", 0)]

@@ -60,8 +60,8 @@ def host_row(model, criterion, sample, steps: int, device: str) -> Dict:
         sample = keep_on_host(sample, group.plan.devices, lambda host: on_device(host, device))
 
     def step():
-        loss, _, _ = backward_step(model, criterion, sample)
-        synchronize(loss.device)
+        backward_step(model, criterion, sample)
+        synchronize(*group.plan.devices)
 
     for _ in range(WARMUP):
         step()

@@ -57,10 +57,14 @@ def backward_step(model, criterion, sample) -> Tuple[torch.Tensor, int, Dict]:
     return loss, sample_size, logging
 
 
-def synchronize(device) -> None:
-    """Wait for the kernels queued on ``device`` (nothing to wait for on CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+def synchronize(*devices) -> None:
+    """Wait for the kernels queued on each of ``devices``, every stream of
+    it (``torch.cuda.synchronize()`` without one waits for the current
+    device only); nothing to wait for on CPU."""
+    for device in devices:
+        device = torch.device(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
 
 def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "cpu"):
@@ -69,17 +73,17 @@ def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "c
     the queued kernels."""
     model.train()
     tokens = 0
+    group = getattr(model, "hybrid_group", None)
     start = time.perf_counter()
     for sample in samples:
         if torch.device(device).type == "cuda":
-            group = getattr(model, "hybrid_group", None)
             # a group's batch as fairseq's trainer hands it over (fairseq_patches/batch_on_host.py)
             sample = (on_device(sample, device) if group is None else
                       keep_on_host(sample, group.plan.devices, lambda host: on_device(host, device)))
         backward_step(model, criterion, sample)
         optimizer.step()
         tokens += sample["ntokens"]
-    synchronize(device)
+    synchronize(*(group.plan.devices if group is not None else [device]))
     return tokens, time.perf_counter() - start
 
 
