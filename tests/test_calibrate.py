@@ -11,9 +11,9 @@ import pytest
 
 from conftest import BIN
 from fairseq_hybrid.commands import plan
-from fairseq_hybrid.forecasts.cost_file import CostFileError, register
-from fairseq_hybrid.forecasts.race import race
-from fairseq_hybrid.forecasts.workload import workload
+from fairseq_hybrid.forecasts.cost_file import CostFileError, add_engine_cost_model, register
+from fairseq_hybrid.forecasts.race import race, uniform_batch
+from fairseq_hybrid.forecasts.workload import twin_of, vocabulary_sizes, workload
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 from fairseq_hybrid.timing.cpu_calibration import cpu_costs
 from fairseq_hybrid.train_command import measured_command, parse_training
@@ -119,6 +119,18 @@ def test_a_gpu_calibration_measured_on_cpu_devices_is_a_cost_file(binarized, tmp
     row = rows[1]
     assert gpu_costs.host_fixed(str(path), 2)["lstm/forward"] == pytest.approx(
         (row["cell_us"]["lstm/forward"] + row["outside_cells_us_per_cell"]) * 1e-6, rel=1e-12)
+    # the cost model a group of 2 of these devices runs its auto choices with, which --hybrid-cost-model reads:
+    # the set at the rate solved for the measured tokens/s, one host queueing both workers' cells
+    add_engine_cost_model(str(path), parse_training(train), 2)
+    engine = CostModel.load(str(path))
+    twin, cfg = twin_of(parse_training(train), *vocabulary_sizes(parse_training(train), train[0], 0))
+    rate = gpu_costs.set_rate(registered.name, twin, cfg, uniform_batch(128, 50, 50), str(path), 10.0, "queued",
+                              measured["tokens_per_s"])
+    expected, _ = gpu_costs.set_costs(registered.name, str(path), 2, 10.0, rate, "queued")
+    assert engine.rates == expected.rates and engine.fixed == expected.fixed and engine.host_queues
+    assert engine.fixed == gpu_costs.group_host(str(path), 2, "queued")[0]  # one worker's host time, queued
+    assert engine.lstm_batch_seconds == {phase: [list(point) for point in curve[phase]] for phase in curve}
+    assert engine.link_bandwidth == gpu_costs.COST_SETS["a100"]["link_bandwidth"]
 
 
 def test_the_reference_batch_is_collated_as_fairseq_does():

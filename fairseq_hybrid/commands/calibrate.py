@@ -17,6 +17,8 @@ host time per cell call, an LSTM layer's time per step by batch, one
 GPU's tokens/s; what one machine's GPUs cannot say (the link between
 GPUs of another machine, the step's time outside the cells, an LSTM
 time step's latency) comes from the published set named by ``--base``.
+The file also holds the cost model a group of these K GPUs makes its
+``auto`` choices with (``--hybrid-cost-model``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from ..forecasts.cost_file import write, write_cpu
+from ..forecasts.cost_file import add_engine_cost_model, write, write_cpu
 from ..forecasts.gpu_costs import NAMED_SETS
 from ..timing.cpu_calibration import cpu_name
 from ..timing.plan_measure import MeasureError, calibrate, devices_of, run
@@ -75,7 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         gpus = devices[0].startswith("cuda")
         if own.base and not gpus:
             raise PlanError(f"--base {own.base}: the set a GPU's cost file builds on; {own.devices} are CPU devices")
-        command = measured_command(train, parse_training(train), "calibrate")
+        args = parse_training(train)
+        command = measured_command(train, args, "calibrate")
         said = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731
         import torch
 
@@ -86,6 +89,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             write(own.out, base=own.base or "a100", tokens_per_s=measured["tokens_per_s"],
                   lstm_seconds=measured["lstm"], host_cost=measured["host_cost"], measured_on=measured_on,
                   shape=measured["shape"])
+            try:
+                add_engine_cost_model(own.out, args, len(devices))
+            except ValueError as error:
+                raise MeasureError(f"{own.out}: the measured costs fit no FLOP rate ({error})") from error
         else:
             calibration = calibrate(command, devices, own.batches, said)
             measured_on = (f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "

@@ -24,7 +24,9 @@ The file, JSON::
      "one_device_tokens_per_s": 250000.0,      # the model at 128 sentences of 50 + 50 tokens: source + target
      "lstm": {"hidden": 1024, "reference_batch": 128,
               "seconds_per_step": {"forward": [[16, 7.1e-05], ...], "backward": [[16, 9.0e-05], ...]}},
-     "host_cost": {"rows": [...]}}              # host time per cell call by K (bench_host_cost.py's rows)
+     "host_cost": {"rows": [...]},              # host time per cell call by K (bench_host_cost.py's rows)
+     "cost_model": {...}}                       # a group of K of them (--hybrid-workers threads): what
+                                                # --hybrid-cost-model reads (fairseq-hybrid-plan calibrate)
 
 Loading a file registers it as a set of its own (:func:`register`), so that
 every function that takes a set's name prices with it.
@@ -39,7 +41,7 @@ from typing import Dict, List
 
 from . import gpu_costs
 
-__all__ = ["CostFileError", "CostFile", "CPU", "load", "register", "write", "write_cpu"]
+__all__ = ["CostFileError", "CostFile", "CPU", "add_engine_cost_model", "load", "register", "write", "write_cpu"]
 
 PHASES = ("forward", "backward")
 CPU = "cpu"  # the kind of a CPU calibration
@@ -105,6 +107,8 @@ def load(path: str) -> Dict:
     host = data.get("host_cost")
     if not isinstance(host, dict) or not any(row.get("chunk_length") == 0 for row in host.get("rows", [])):
         raise CostFileError(f"{path}: 'host_cost' must hold a host-cost report with a row at chunk length 0")
+    if "cost_model" in data and not isinstance(data["cost_model"], dict):
+        raise CostFileError(f"{path}: 'cost_model' must be a cost model (an object)")
     return data
 
 
@@ -171,5 +175,31 @@ def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str
     with open(path, "w") as file:
         json.dump(data, file, indent=2)
         file.write("\n")
+    load(path)
+    return data
+
+
+def add_engine_cost_model(path: str, args, k: int) -> Dict:
+    """Add to a GPU cost file the cost model a group of ``k`` of its GPUs
+    makes its ``auto`` choices with (``--hybrid-cost-model`` reads it): the
+    file's set at the FLOP rate solved for its tokens/s on the command's
+    model (``args``: its parsed fairseq-train options), one host queueing
+    the workers' cells (``--hybrid-workers threads``, the default).  A
+    ``ValueError`` where the measured host time leaves no rate that fits."""
+    from .gpu_costs import REFERENCE_BATCH, STEP_US, set_costs, set_rate
+    from .race import uniform_batch
+    from .workload import twin_of, vocabulary_sizes
+
+    measured = register(path)
+    model, cfg = twin_of(args, *vocabulary_sizes(args, args.data, 32000))
+    step_us = STEP_US[measured.base]
+    rate = set_rate(measured.name, model, cfg, uniform_batch(*REFERENCE_BATCH), path, step_us, "queued",
+                    measured.tokens_per_s)
+    group, _ = set_costs(measured.name, path, k, step_us, rate, "queued")
+    group.note = f"a group of {k} on {measured.measured_on}, one host for its workers (--hybrid-workers threads)"
+    data = load(path)
+    data["cost_model"] = dict(group.__dict__)
+    with open(path, "w") as file:
+        json.dump(data, file, indent=2)
     load(path)
     return data

@@ -63,6 +63,7 @@ HOST_MODELS = ("queued", "per-device", "summed")
 WORKERS_OF_HOST_MODEL = {"queued": "threads", "per-device": "processes"}
 
 
+REFERENCE_BATCH = (128, 50, 50)  # sentences, source and target tokens: the batch a one-GPU tokens/s stands for
 GNMT_A100_TOKENS_PER_S = 83.2e3  # NVIDIA GNMT v2 (PyTorch), one A100, TF32, batch 128: source + target tokens/s
 GNMT_V100_TOKENS_PER_S = 21.65e3  # the same, one V100, fp32: 21.4-21.9k (DeepLearningExamples, GNMT README)
 # the one-GPU source + target tokens/s each named set's FLOP rate is solved for (at 128 sentences of 50 + 50);

@@ -15,11 +15,11 @@ from .workload import Workload, workload
 def costs_for(own, workload: Workload, host_model: str = "per-device"):
     """The cost set's function of K (:func:`race.set_costs_of`), the
     groups' host read as ``host_model``."""
-    from .gpu_costs import set_tokens_per_s
+    from .gpu_costs import REFERENCE_BATCH, set_tokens_per_s
     from .race import set_costs_of, uniform_batch
 
     tokens_per_s = set_tokens_per_s(own.cost_set, own.one_device_tokens_per_s or own.file_tokens_per_s)
-    reference = uniform_batch(128, 50, 50)  # the shape the published one-GPU rates were measured at
+    reference = uniform_batch(*REFERENCE_BATCH)  # the shape the one-GPU rates were measured at
     try:
         return set_costs_of(own.cost_set, workload.model, workload.cfg, reference, own.host_cost, host_model,
                             tokens_per_s)

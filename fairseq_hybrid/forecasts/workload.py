@@ -87,22 +87,27 @@ def data_shape(args, count: int) -> Tuple[float, float, float, int]:
     return means + (min(shape[0] for shape in shapes),)
 
 
-def workload(args, own) -> Workload:
-    """The global batch of the user's command and its twin model."""
+def twin_of(args, source_words: int, target_words: int):
+    """The command's model (``args``: its parsed fairseq-train options) as a
+    twin of meta tensors, and its config: what the simulator prices."""
     from ..planning.twin_model import build_registered, VocabularyOfSize
 
     import torch
 
+    options = {key: value for key, value in vars(args).items() if key != "arch"}
+    options.update(hybrid_devices="", hybrid_placement="")
+    with torch.device("meta"):
+        return build_registered(args.arch, VocabularyOfSize(source_words), VocabularyOfSize(target_words),
+                                **options)
+
+
+def workload(args, own) -> Workload:
+    """The global batch of the user's command and its twin model."""
     data = args.data if getattr(args, "data", None) else None
     if data and not os.path.isdir(data):
         raise PlanError(f"{data}: no such data folder")
     update_freq = args.update_freq[0] if args.update_freq else 1
-    source_words, target_words = vocabulary_sizes(args, data, own.vocabulary)
-    options = {key: value for key, value in vars(args).items() if key != "arch"}
-    options.update(hybrid_devices="", hybrid_placement="")
-    with torch.device("meta"):
-        model, cfg = build_registered(args.arch, VocabularyOfSize(source_words), VocabularyOfSize(target_words),
-                                      **options)
+    model, cfg = twin_of(args, *vocabulary_sizes(args, data, own.vocabulary))
     if data:
         per_batch, source, target, fewest = data_shape(args, own.batches)
         where = (f"{own.batches} batches of {data} at --max-tokens {args.max_tokens}: {per_batch:.1f} sentences "

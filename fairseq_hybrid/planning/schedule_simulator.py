@@ -211,7 +211,7 @@ class CostModel:
             return cls(**data.get("cost_model", data))
         except (OSError, ValueError, TypeError, AttributeError) as error:
             raise DevicePlanError(f"--hybrid-cost-model {path}: not a cost model ({error}); write one with "
-                                  "fairseq-hybrid-plan calibrate cpu,... --out FILE -- fairseq-train ...") from error
+                                  "fairseq-hybrid-plan calibrate DEVICES --out FILE -- fairseq-train ...") from error
 
 
 @dataclass

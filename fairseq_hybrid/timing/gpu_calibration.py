@@ -23,13 +23,14 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
+from ..forecasts.gpu_costs import REFERENCE_BATCH
 from ..parallel import keep_on_host, record_cell_times
 from .training_steps import backward_step, on_device, synchronize, train_steps
 
 __all__ = ["LSTM_BATCHES", "REFERENCE", "host_row", "lstm_seconds_per_step", "reference_sample", "run"]
 
 LSTM_BATCHES = (16, 32, 64, 128, 256, 512)
-REFERENCE = (128, 50, 50)  # sentences, source and target tokens: forecasts.plan_prices' reference batch
+REFERENCE = REFERENCE_BATCH  # sentences, source and target tokens: where the plan solves a GPU's FLOP rate
 WARMUP = 2
 
 
