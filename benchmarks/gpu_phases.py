@@ -294,7 +294,7 @@ def phase_calibrate(args, result):
         from fairseq_hybrid.timing.plan_candidate import build
 
         measured = gpu_calibration.run({"train": with_group_criterion(train), "devices": ["cpu", "cpu"],
-                                        "batches": args.steps}, build)
+                                        "batches": args.steps, "reference": (8, 6, 6)}, build)
         cost_file.write(path, base=COST_BASE, tokens_per_s=measured["tokens_per_s"], lstm_seconds=measured["lstm"],
                         host_cost=measured["host_cost"], measured_on="CPU smoke run of benchmarks/gpu_check.py",
                         shape=measured["shape"])

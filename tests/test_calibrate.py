@@ -119,18 +119,42 @@ def test_a_gpu_calibration_measured_on_cpu_devices_is_a_cost_file(binarized, tmp
     row = rows[1]
     assert gpu_costs.host_fixed(str(path), 2)["lstm/forward"] == pytest.approx(
         (row["cell_us"]["lstm/forward"] + row["outside_cells_us_per_cell"]) * 1e-6, rel=1e-12)
-    # the cost model a group of 2 of these devices runs its auto choices with, which --hybrid-cost-model reads:
-    # the set at the rate solved for the measured tokens/s, one host queueing both workers' cells
-    add_engine_cost_model(str(path), parse_training(train), 2)
+
+
+def test_a_gpu_cost_file_holds_the_cost_model_of_a_group_of_its_gpus(tmp_path):
+    """What --hybrid-cost-model reads of a GPU cost file: the set at the rate
+    solved for the file's tokens/s on the command's model, for a group of K
+    with one host queueing its workers' cells; and a file whose host time
+    alone exceeds one device's step is refused (no rate fits)."""
+    from fairseq_hybrid.forecasts import gpu_costs
+    from fairseq_hybrid.forecasts.cost_file import write
+
+    cell = {f"{kind}/{phase}": 50.0 for kind in gpu_costs.KINDS for phase in gpu_costs.PHASES}
+    host = {"device": "cuda", "rows": [{"k": k, "chunk_length": 0, "cell_us": cell, "outside_cells_us_per_cell": 5.0}
+                                       for k in (1, 2)]}
+    lstm = {"hidden": 32, "steps": 25, "rows": {str(b): {"forward": 1e-5 * b / 16, "backward": 2e-5 * b / 16}
+                                                for b in (16, 128, 512)}}
+    train = ["-", "--arch", "hybrid_lstm_tiny", "--max-tokens", "400"]
+    args = parse_training(train)
+    path = tmp_path / "gpu.json"
+    write(str(path), base="a100", tokens_per_s=50e3, lstm_seconds=lstm, host_cost=host, measured_on="made up")
+    add_engine_cost_model(str(path), args, 2)
     engine = CostModel.load(str(path))
-    twin, cfg = twin_of(parse_training(train), *vocabulary_sizes(parse_training(train), train[0], 0))
-    rate = gpu_costs.set_rate(registered.name, twin, cfg, uniform_batch(128, 50, 50), str(path), 10.0, "queued",
-                              measured["tokens_per_s"])
+    registered = register(str(path))
+    twin, cfg = twin_of(args, 32000, 32000)
+    rate = gpu_costs.set_rate(registered.name, twin, cfg, uniform_batch(128, 50, 50), str(path), 10.0, "queued", 50e3)
     expected, _ = gpu_costs.set_costs(registered.name, str(path), 2, 10.0, rate, "queued")
-    assert engine.rates == expected.rates and engine.fixed == expected.fixed and engine.host_queues
-    assert engine.fixed == gpu_costs.group_host(str(path), 2, "queued")[0]  # one worker's host time, queued
-    assert engine.lstm_batch_seconds == {phase: [list(point) for point in curve[phase]] for phase in curve}
+    assert engine.rates == expected.rates and engine.per_step == expected.per_step and engine.host_queues
+    assert engine.fixed == {key: (50.0 + 5.0) * 1e-6 for key in cell}  # one worker's host time, queued on one host
+    assert engine.lstm_batch_seconds == {phase: [[b, lstm["rows"][str(b)][phase]] for b in (16, 128, 512)]
+                                         for phase in ("forward", "backward")}
     assert engine.link_bandwidth == gpu_costs.COST_SETS["a100"]["link_bandwidth"]
+    assert "a group of 2" in engine.note
+    # a GPU whose host alone takes longer than the step it measured: no FLOP rate fits
+    write(str(path), base="a100", tokens_per_s=1e12, lstm_seconds=lstm, host_cost=host, measured_on="made up")
+    with pytest.raises(ValueError, match="no rate fits"):
+        add_engine_cost_model(str(path), args, 2)
+    assert "cost_model" not in json.loads(path.read_text())
 
 
 def test_the_reference_batch_is_collated_as_fairseq_does():

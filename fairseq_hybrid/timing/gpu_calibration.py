@@ -111,17 +111,18 @@ def lstm_seconds_per_step(device: str, hidden: int, batches: Sequence[int] = LST
 
 
 def run(spec: Dict, build: Callable) -> Dict:
-    """``spec``: the user's command (``train``), the ``devices`` and the
-    timed ``batches`` (steps); ``build``: ``plan_candidate.build``.
-    Returns the host-cost report, the LSTM curve and one device's
-    tokens/s, as ``forecasts.cost_file.write`` takes them."""
-    devices, steps = spec["devices"], spec["batches"]
+    """``spec``: the user's command (``train``), the ``devices``, the timed
+    ``batches`` (steps) and, for a smoke run only, another ``reference``
+    batch; ``build``: ``plan_candidate.build``.  Returns the host-cost
+    report, the LSTM curve and one device's tokens/s, as
+    ``forecasts.cost_file.write`` takes them."""
+    devices, steps, reference = spec["devices"], spec["batches"], tuple(spec.get("reference", REFERENCE))
     task, cfg, one, criterion = build(spec["train"], devices[:1])
-    sample = reference_sample(task.source_dictionary, task.target_dictionary, *REFERENCE)
+    sample = reference_sample(task.source_dictionary, task.target_dictionary, *reference)
     optimizer = torch.optim.Adam(one.parameters(), lr=1e-3)
     train_steps(one, criterion, optimizer, [sample] * WARMUP, devices[0])
     _, seconds = train_steps(one, criterion, optimizer, [sample] * steps, devices[0])
-    tokens_per_s = steps * REFERENCE[0] * (REFERENCE[1] + REFERENCE[2]) / seconds
+    tokens_per_s = steps * reference[0] * (reference[1] + reference[2]) / seconds
     del one, optimizer
     rows = []
     for k in sorted({1, len(devices)}):
@@ -136,5 +137,5 @@ def run(spec: Dict, build: Callable) -> Dict:
                           "torch": torch.__version__, "rows": rows},
             "lstm": lstm_seconds_per_step(devices[0], int(cfg.model.decoder_hidden_size)),
             "tokens_per_s": tokens_per_s,
-            "shape": f"{cfg.model._name}, {REFERENCE[0]} sentences of {REFERENCE[1]} + {REFERENCE[2]} tokens, "
+            "shape": f"{cfg.model._name}, {reference[0]} sentences of {reference[1]} + {reference[2]} tokens, "
                      f"{len(task.source_dictionary)} + {len(task.target_dictionary)} words"}
