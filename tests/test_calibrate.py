@@ -13,7 +13,7 @@ from conftest import BIN
 from fairseq_hybrid.commands import plan
 from fairseq_hybrid.forecasts.cost_file import CostFileError, add_engine_cost_model, register
 from fairseq_hybrid.forecasts.race import race, uniform_batch
-from fairseq_hybrid.forecasts.workload import twin_of, vocabulary_sizes, workload
+from fairseq_hybrid.forecasts.workload import twin_of, workload
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 from fairseq_hybrid.timing.cpu_calibration import cpu_costs
 from fairseq_hybrid.train_command import measured_command, parse_training
