@@ -150,11 +150,7 @@ def write(path: str, *, base: str, tokens_per_s: float, lstm_seconds: Dict, host
                                       for phase in PHASES}},
         "host_cost": host_cost,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as file:
-        json.dump(data, file, indent=2)
-    load(path)
-    return data
+    return _saved(path, data)
 
 
 def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str, command: str) -> Dict:
@@ -171,12 +167,7 @@ def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str
         "cost_model": calibration["one_thread"],
         "calibration": calibration,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as file:
-        json.dump(data, file, indent=2)
-        file.write("\n")
-    load(path)
-    return data
+    return _saved(path, data)
 
 
 def add_engine_cost_model(path: str, args, k: int) -> Dict:
@@ -197,9 +188,15 @@ def add_engine_cost_model(path: str, args, k: int) -> Dict:
                     measured.tokens_per_s)
     group, _ = set_costs(measured.name, path, k, step_us, rate, "queued")
     group.note = f"a group of {k} on {measured.measured_on}, one host for its workers (--hybrid-workers threads)"
-    data = load(path)
-    data["cost_model"] = dict(group.__dict__)
+    return _saved(path, dict(load(path), cost_model=dict(group.__dict__)))
+
+
+def _saved(path: str, data: Dict) -> Dict:
+    """``data`` written to ``path`` as JSON (its folder made), checked by
+    loading it back."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as file:
         json.dump(data, file, indent=2)
+        file.write("\n")
     load(path)
     return data

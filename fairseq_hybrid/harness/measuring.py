@@ -125,7 +125,6 @@ def batches(task, max_tokens: int, count: int, max_positions=(64, 64)):
     return drawn
 
 
-
 def real_batch_lengths(data: str, max_tokens: int, count: int):
     """``count`` training batches of ``data`` as fairseq's batch sampler
     draws them for one GPU at ``max_tokens`` (shuffled, seed 1): each its
@@ -168,6 +167,7 @@ def host_models(text: str) -> List[str]:
         if name not in HOST_MODELS:
             raise argparse.ArgumentTypeError(f"{name!r}: each one of {', '.join(HOST_MODELS)}")
     return names
+
 
 # -- one step ------------------------------------------------------------------------
 

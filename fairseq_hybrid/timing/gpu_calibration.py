@@ -7,7 +7,7 @@
 * one LSTM layer's seconds per time step by batch, at the model's hidden
   size, as DeepBench times it: what the forecasts' batch curve needs;
 * one device's tokens/s (source + target) at the shape the plan's rate
-  refers to (:data:`REFERENCE`), so that the FLOP rate the plan solves for
+  refers to (``gpu_costs.REFERENCE_BATCH``), so that the FLOP rate the plan solves for
   is this device's on this model.
 
 On CPU devices the same code runs as a smoke run; its figures then say
@@ -27,10 +27,9 @@ from ..forecasts.gpu_costs import REFERENCE_BATCH
 from ..parallel import keep_on_host, record_cell_times
 from .training_steps import backward_step, on_device, synchronize, train_steps
 
-__all__ = ["LSTM_BATCHES", "REFERENCE", "host_row", "lstm_seconds_per_step", "reference_sample", "run"]
+__all__ = ["LSTM_BATCHES", "host_row", "lstm_seconds_per_step", "reference_sample", "run"]
 
 LSTM_BATCHES = (16, 32, 64, 128, 256, 512)
-REFERENCE = REFERENCE_BATCH  # sentences, source and target tokens: where the plan solves a GPU's FLOP rate
 WARMUP = 2
 
 
@@ -116,8 +115,8 @@ def run(spec: Dict, build: Callable) -> Dict:
     batch; ``build``: ``plan_candidate.build``.  Returns the host-cost
     report, the LSTM curve and one device's tokens/s, as
     ``forecasts.cost_file.write`` takes them."""
-    devices, steps, reference = spec["devices"], spec["batches"], tuple(spec.get("reference", REFERENCE))
-    task, cfg, one, criterion = build(spec["train"], devices[:1])
+    devices, steps, reference = spec["devices"], spec["batches"], tuple(spec.get("reference", REFERENCE_BATCH))
+    task, cfg, one, criterion = build(spec["train"], devices[:1], with_batches=False)
     sample = reference_sample(task.source_dictionary, task.target_dictionary, *reference)
     optimizer = torch.optim.Adam(one.parameters(), lr=1e-3)
     train_steps(one, criterion, optimizer, [sample] * WARMUP, devices[0])
@@ -126,7 +125,7 @@ def run(spec: Dict, build: Callable) -> Dict:
     del one, optimizer
     rows = []
     for k in sorted({1, len(devices)}):
-        _, _, group, criterion = build(spec["train"], devices[:k], {"chunk_length": 0})
+        _, _, group, criterion = build(spec["train"], devices[:k], {"chunk_length": 0}, with_batches=False)
         try:
             rows.append(host_row(group, criterion, sample, steps, devices[0]))
         finally:

@@ -53,10 +53,10 @@ __all__ = ["build", "padded_tokens", "main"]
 REPEATS = 2  # passes of each whole-step timing in the calibration
 
 
-def build(train: List[str], devices: Sequence[str], group: Dict = None):
-    """Task (train split loaded), model (seed 1) and criterion of the user's
-    command on ``devices``: one device, or a hybrid group with ``group``'s
-    choices."""
+def build(train: List[str], devices: Sequence[str], group: Dict = None, with_batches: bool = True):
+    """Task (its train split loaded ``with_batches``), model (seed 1) and
+    criterion of the user's command on ``devices``: one device, or a hybrid
+    group with ``group``'s choices."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -77,7 +77,8 @@ def build(train: List[str], devices: Sequence[str], group: Dict = None):
             args += ["--hybrid-workers", group["workers"]]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), args))
     task = tasks.setup_task(cfg.task)
-    task.load_dataset(cfg.dataset.train_subset)
+    if with_batches:
+        task.load_dataset(cfg.dataset.train_subset)
     torch.manual_seed(1)
     model = task.build_model(cfg.model)
     if len(devices) == 1 and not group and devices[0] != "cpu":
