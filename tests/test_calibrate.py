@@ -1,7 +1,8 @@
 """``fairseq-hybrid-plan calibrate`` (fairseq_hybrid/commands/calibrate.py):
-CPU devices calibrated once on the user's command, written as the one
-cost-file format that ``--hybrid-cost-model`` and ``fairseq-hybrid-plan
---cost-file`` both read; bad input refused in one line."""
+devices calibrated once on the user's command, written as the cost file
+that ``--hybrid-cost-model`` and ``fairseq-hybrid-plan --cost-file`` both
+read (CPU devices; a GPU's measurements run here on CPU devices, and a GPU
+file's cost model on made-up figures); bad input refused in one line."""
 
 import json
 import os
