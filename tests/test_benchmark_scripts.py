@@ -247,3 +247,23 @@ def test_plan_measure_check_smoke(binarized, tmp_path):
     assert "Predictions within 10% of the plan's own measurement" in open(f"{out}.md").read()
 
 
+
+
+@pytest.mark.benchmark
+def test_profile_workers_smoke(tmp_path):
+    """Where a group's step goes, per worker: every system timed, each
+    stage's own timers (one build and one backward a step, its messages
+    counted), and cProfile's reading of the same functions beside them."""
+    out = tmp_path / "profile.md"
+    run(sys.executable, os.path.join(BENCHMARKS, "profile_workers.py"), "--warmup", "1", "--steps", "2",
+        "--layers", "2", "--out", out, timeout=300)
+    report = json.load(open(tmp_path / "profile.json"))["results"]
+    assert list(report) == ["one device", "threads", "processes", "processes, gloo wire"]
+    for name in ("processes", "processes, gloo wire"):
+        calls = report[name]["calls"]
+        for stage in ("stage 0", "stage 1"):
+            assert calls[stage]["build"] == 2 and calls[stage]["stage: backward command"] == 2
+            assert calls[stage]["messages: send"] > 0
+            profiled = report[name]["profiled"][stage.replace(" ", "")]
+            assert profiled["build"] == pytest.approx(report[name]["stages"][stage[-1]]["build"], rel=0.5)
+    assert "| processes |" in out.read_text()

@@ -1,12 +1,13 @@
-"""The transport between the stages of a group in processes of their own
-(``--hybrid-workers processes``): torch.distributed's point-to-point send
-and receive, as ``torch.distributed.pipelining`` and Megatron-LM's ``p2p``
-move activations between pipeline stages.
+"""The wire between the stages of a group on GPUs (``--hybrid-workers
+processes``): torch.distributed's point-to-point send and receive, as
+``torch.distributed.pipelining`` and Megatron-LM's ``p2p`` move activations
+between pipeline stages.  Stages on host memory use pipes instead
+(:mod:`.host_wire`: a gloo message costs a CPU stage more than its cells).
 
 The stages form a process group of their own (not torch.distributed's
-default group, which a run of groups under DDP already holds): gloo on
-CPU, NCCL on GPUs, with a gloo group beside it for the headers so that a
-receiver learns a tensor's shape without waiting for its GPU.  Every
+default group, which a run of groups under DDP already holds): NCCL, with a
+gloo group beside it for the headers so that a receiver learns a tensor's
+shape without waiting for its GPU (gloo alone where stages share a GPU).  Every
 message is a fixed-size header (dimensions, dtype, whether the tensor
 needs a gradient, or "nothing") followed by the tensor.
 

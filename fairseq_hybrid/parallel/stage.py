@@ -7,7 +7,8 @@ same builder, so the same cells, orders and dropout seeds as threads) and
 runs its own device's cells, forward in wavefront order and backward in
 the reverse order, through :class:`~.cell_graph.CellGraph` itself: only
 where an input comes from another device (or a gradient goes back to one)
-does it take the message from the transport (:mod:`.p2p`) instead of
+does it take the message from its wire (:mod:`.host_wire` on host memory,
+:mod:`.p2p` between GPUs) instead of
 another thread.  It reports its loss sums, then, after the backward pass,
 which parameters it filled with gradients, into buffers it shares with the
 trainer (docs/design.md, "A host per device").  The trainer's side is
@@ -294,7 +295,8 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="hybrid stage parent watch", daemon=True).start()
 
 
-def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: float, parent: int) -> None:
+def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: float, parent: int,
+               wire=None) -> None:
     """A stage process's whole life: set up, then answer the trainer's
     commands until it says stop; any failure is reported, then the process
     ends (the trainer starts new stages)."""
@@ -310,7 +312,10 @@ def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: f
     transport = None
     code = 0
     try:
-        if plan.size > 1:
+        if wire is not None:  # host memory: the stages' pipes (host_wire.py)
+            from .host_wire import HostWire
+            transport = HostWire(me, *wire)
+        elif plan.size > 1:
             from torch.distributed import FileStore
 
             from .p2p import Transport

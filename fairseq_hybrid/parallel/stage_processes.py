@@ -35,6 +35,7 @@ from torch import Tensor
 
 from .cell_times import DeviceUsage
 from .host_batch import host_of, on_host
+from .host_wire import wire_ends
 from .shard_sums import sum_on
 from .single_device_masks import draw_single_device_masks
 from .stage import keep_freed_memory, stage_main
@@ -90,13 +91,16 @@ class StageProcesses:
         # ends whatever started, however this start or this group ends (the lists fill as stages start)
         self._finalizer = weakref.finalize(self, _end, self.processes, self.conns, self.store_dir, os.getpid())
         group, self.model.hybrid_group = getattr(self.model, "hybrid_group", None), None  # not pickled (spawn)
+        # stages on host memory talk through pipes (host_wire.py), others through torch.distributed (p2p.py)
+        wires = wire_ends(context, len(devices)) if len(devices) > 1 and all(
+            device.type == "cpu" and device.index is None for device in devices) else [None] * len(devices)
         try:
             for me, device in enumerate(devices):
                 mine, theirs = context.Pipe()
                 activity = context.RawArray("c", ACTIVITY_BYTES)
                 process = context.Process(target=stage_main, name=f"hybrid stage {me} ({device})", daemon=True,
                                           args=(me, self.model, self.plan, theirs, activity, store, self.timeout,
-                                                os.getpid()))
+                                                os.getpid(), wires[me]))
                 _launch(process)
                 theirs.close()
                 self.processes.append(process)
@@ -104,6 +108,9 @@ class StageProcesses:
                 self.activity.append(activity)
         finally:
             self.model.hybrid_group = group
+            for wire in wires:  # the stages hold their own ends now
+                for end in [*wire[0].values(), *wire[1].values()] if wire is not None else ():
+                    end.close()
         self.buffers = [{} for _ in devices]
         self.peak_mib = [0.0 for _ in devices]  # each stage's, as its last backward reported it
         self.lent = {}

@@ -1,0 +1,263 @@
+"""Where a group's step goes, per worker, in threads and in processes:
+timers wrapped around the engine's functions (the build, the cells, the
+messages between stages, the trainer's hand-offs; each process writes its
+own, and CPU stages are forked, so the wrappers reach them), beside
+``cProfile`` of every process: two methods in one run.  Used by
+``benchmarks/profile_workers.py`` (docs/bench/profile_workers_*.md)."""
+
+from __future__ import annotations
+
+import cProfile
+import functools
+import json
+import os
+import pstats
+import time
+from collections import defaultdict
+
+import torch
+
+TIMERS = defaultdict(float)
+COUNTS = defaultdict(int)
+
+
+def timed(owner, name: str, label: str) -> None:
+    """Wrap ``owner.name`` so that its calls add to ``TIMERS[label]``."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            TIMERS[label] += time.perf_counter() - start
+            COUNTS[label] += 1
+
+    setattr(owner, name, wrapper)
+
+
+def instrument(folder: str) -> None:
+    """Timers on the engine's parts, in this process and in every stage
+    forked from it; each stage writes its timers and its profile into
+    ``folder`` after every backward pass."""
+    from fairseq_hybrid import hybrid_group
+    from fairseq_hybrid.parallel import cell_graph, host_wire, p2p, stage, stage_processes, step
+
+    timed(stage, "build_step", "build")
+    timed(hybrid_group, "build_step", "build")
+    timed(step, "stage_step", "build: staging")
+    for module in (step,):
+        timed(module, "hybrid_cells", "build: cells")
+        timed(module, "data_parallel_cells", "build: cells")
+    timed(p2p.Transport, "_receive", "messages: receive (waits for the peer)")
+    timed(p2p.Transport, "send", "messages: send")
+    timed(p2p.Transport, "flush", "messages: flush")
+    timed(host_wire.HostWire, "_receive", "messages: receive (waits for the peer)")
+    timed(host_wire.HostWire, "send", "messages: send")
+    timed(host_wire.HostWire, "flush", "messages: flush")
+    timed(cell_graph.CellGraph, "_forward_cell", "cells: forward (with inputs)")
+    timed(cell_graph.CellGraph, "_backward_cell", "cells: backward (with inputs)")
+    timed(stage.Stage, "forward", "stage: forward command")
+    timed(stage_processes.StageProcesses, "loss_sums", "trainer: forward")
+    timed(stage_processes.StageProcesses, "backward", "trainer: backward")
+    timed(stage_processes.StageProcesses, "_replies", "trainer: waits for the stages")
+    timed(step, "run_step", "trainer: run_step (threads, forward)")
+    timed(cell_graph.CellGraph, "backward", "trainer: graph backward (threads)")
+
+    original_forward = stage.Stage.forward
+
+    def forward(self, step):
+        reply = original_forward(self, step)
+        TIMERS["cells: their own run (busy)"] += reply["busy"]
+        return reply
+
+    stage.Stage.forward = forward
+    original_backward = stage.Stage.backward
+
+    def backward(self, grads):
+        start = time.perf_counter()
+        try:
+            reply = original_backward(self, grads)
+            TIMERS["cells: their own run (busy)"] += reply["busy"]
+            return reply
+        finally:
+            TIMERS["stage: backward command"] += time.perf_counter() - start
+            COUNTS["stage: backward command"] += 1
+            profiler = PROFILERS.get(os.getpid())
+            if profiler is not None and COUNTS["stage: backward command"] == PROFILE_FROM[0]:  # warm-up done
+                profiler.disable()
+                PROFILERS[os.getpid()] = profiler = cProfile.Profile()
+                profiler.enable()
+            if profiler is not None and COUNTS["stage: backward command"] == DUMP_AT[0]:  # the last timed step
+                profiler.disable()
+                profiler.dump_stats(os.path.join(folder, f"stage{self.me}.prof"))
+                profiler.enable()
+            with open(os.path.join(folder, f"stage{self.me}.json"), "w") as out:
+                json.dump({"timers": TIMERS, "counts": COUNTS}, out)
+
+    stage.Stage.backward = backward
+    original_main = stage_processes.stage_main
+
+    def stage_main(*args, **kwargs):
+        TIMERS.clear()
+        COUNTS.clear()
+        PROFILERS[os.getpid()] = profiler = cProfile.Profile()
+        profiler.enable()
+        return original_main(*args, **kwargs)
+
+    stage_processes.stage_main = stage_main
+
+
+PROFILERS = {}
+PROFILE_FROM = [0]  # the stages' backward pass after which their profile starts
+DUMP_AT = [0]  # the stages' backward pass after which they write their profiles (set before they fork)
+
+
+def make_batches(count: int, max_tokens: int, seed: int = 1):
+    """Synthetic sentence pairs of 3-20 tokens in batches of at most
+    ``max_tokens`` (source or target, padded), sorted by length as fairseq's
+    batches are."""
+    from fairseq_hybrid.harness.stand_ins import make_dictionary, make_sample
+
+    src_dict, tgt_dict = make_dictionary(), make_dictionary(37)
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for index in range(count):
+        width = int(torch.randint(4, 21, (), generator=generator))
+        rows = max(1, max_tokens // (width + 1))
+        src = [int(n) for n in torch.randint(max(3, width - 3), width + 1, (rows,), generator=generator)]
+        tgt = [int(n) for n in torch.randint(max(3, width - 3), width + 1, (rows,), generator=generator)]
+        samples.append(make_sample(src_dict, tgt_dict, src, tgt, seed=seed + index))
+    return src_dict, tgt_dict, samples
+
+
+def run(workers: str, devices: int, args, folder: str):
+    """Time ``args.steps`` steps after ``args.warmup``; every process's
+    timers and profiles of the timed steps only."""
+    from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+    from fairseq_hybrid.harness.stand_ins import StandInTask, build_model
+    from fairseq_hybrid.timing.training_steps import backward_step
+
+    torch.manual_seed(0)
+    src_dict, tgt_dict, samples = make_batches(args.warmup + args.steps, args.max_tokens)
+    options = {"encoder_layers": args.layers, "decoder_layers": args.layers}
+    if devices > 1:
+        options.update(hybrid_devices=",".join(["cpu"] * devices), hybrid_workers=workers)
+    model = build_model(args.arch, src_dict, tgt_dict, **options)
+    DUMP_AT[0], PROFILE_FROM[0] = args.warmup + args.steps, args.warmup
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, output_loss_chunk_rows=64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    for sample in samples[:args.warmup]:
+        backward_step(model, criterion, sample)
+        optimizer.step()
+    TIMERS.clear()
+    COUNTS.clear()
+    profiler = cProfile.Profile()
+    tokens = 0
+    # the stages' files are rewritten after each backward; the warm-up's share is taken off by reading
+    # them once before the timed steps
+    before = read_stage_files(folder, devices) if workers == "processes" else {}
+    profiler.enable()
+    start = time.perf_counter()
+    for sample in samples[args.warmup:]:
+        backward_step(model, criterion, sample)
+        optimizer.step()
+        tokens += sample["ntokens"]
+    seconds = time.perf_counter() - start
+    profiler.disable()
+    profiler.dump_stats(os.path.join(folder, "trainer.prof"))
+    stages = read_stage_files(folder, devices) if workers == "processes" else {}
+    for me, data in stages.items():
+        for kind in ("timers", "counts"):
+            for key in data[kind]:
+                data[kind][key] -= before.get(me, {kind: {}})[kind].get(key, 0)
+    group = getattr(model, "hybrid_group", None)
+    if group is not None and group.stages is not None:
+        group.stages.close()
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "trainer": dict(TIMERS),
+            "stages": {me: data["timers"] for me, data in stages.items()},
+            "calls": {"trainer": dict(COUNTS), **{f"stage {me}": data["counts"] for me, data in stages.items()}}}
+
+
+def read_stage_files(folder: str, devices: int):
+    found = {}
+    for me in range(devices):
+        path = os.path.join(folder, f"stage{me}.json")
+        if os.path.exists(path):
+            with open(path) as handle:
+                found[me] = json.load(handle)
+    return found
+
+
+def profile_top(path: str, names) -> dict:
+    """The cumulative seconds of the functions named, by ``cProfile``."""
+    stats = pstats.Stats(path)
+    found = defaultdict(float)
+    for (filename, _, function), (_, _, _, cumulative, _) in stats.stats.items():
+        for label, file_part, wanted in names:
+            if function == wanted and filename.endswith(file_part):
+                found[label] += cumulative
+    return dict(found)
+
+
+PROFILE_NAMES = [
+    ("build", "parallel/step.py", "build_step"),
+    *[(label, f"parallel/{wire}.py", function) for wire in ("p2p", "host_wire") for label, function in (
+        ("messages: receive (waits for the peer)", "_receive"), ("messages: send", "send"),
+        ("messages: flush", "flush"))],
+    ("cells: forward (with inputs)", "parallel/cell_graph.py", "_forward_cell"),
+    ("cells: backward (with inputs)", "parallel/cell_graph.py", "_backward_cell"),
+    ("trainer: waits for the stages", "parallel/stage_processes.py", "_replies"),
+]
+
+
+def cpu_name() -> str:
+    """The CPU as ``lscpu`` names it: model name, family and model."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return "unknown CPU"
+    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+
+
+def render(results, args) -> str:
+    steps = args.steps
+    lines = [f"# Where a group's step goes, per worker ({args.arch}, {args.layers} + {args.layers} layers, "
+             f"{args.devices} CPU devices)", "",
+             f"`benchmarks/profile_workers.py`, {steps} timed steps after {args.warmup}, batches of at most "
+             f"{args.max_tokens} tokens of 3-20-token pairs, Adam; {cpu_name()}, "
+             f"{os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}.", "",
+             "| workers | target tokens/s | vs one device | vs threads |", "| --- | ---: | ---: | ---: |"]
+    base = results["one device"]["tokens_per_s"]
+    for name, result in results.items():
+        threads = results["threads"]["tokens_per_s"]
+        lines.append(f"| {name} | {result['tokens_per_s']:,.0f} | {result['tokens_per_s'] / base:.2f}x | "
+                     f"{result['tokens_per_s'] / threads:.2f}x |")
+    lines += ["", ("Milliseconds a step by the wrapped timers; beside them, cProfile's cumulative time of the same "
+               "functions (each process's main thread: a worker thread's cells are not in it):"), ""]
+    for name in [name for name in results if name != "one device"]:
+        result = results[name]
+        rows = [("trainer", result["trainer"], result["profiled"].get("trainer", {}))]
+        rows += [(f"stage {me}", timers, result["profiled"].get(f"stage{me}", {}))
+                 for me, timers in sorted(result["stages"].items())]
+        lines += [f"**{name}** (a step: {1000 * result['seconds'] / steps:.1f} ms)", "",
+                  "| process | part | calls a step | ms a step | cProfile |", "| --- | --- | ---: | ---: | ---: |"]
+        for process, timers, profiled in rows:
+            for label in sorted(timers):
+                seconds = timers[label]
+                if seconds <= 0:
+                    continue
+                check = profiled.get(label)
+                calls = result["calls"].get(process, {}).get(label, 0) / steps
+                lines.append(f"| {process} | {label} | {calls:.1f} | {1000 * seconds / steps:.2f} | "
+                             f"{'' if check is None else f'{1000 * check / steps:.2f}'} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+

@@ -1,0 +1,142 @@
+"""The wire between stages whose devices are host memory (plain ``cpu``
+devices, ``--hybrid-workers processes``): one pipe for each ordered pair of
+stages, made by the trainer before the stages start.
+
+A message is its tensor's description (dtype, shape, whether it needs a
+gradient) followed by its bytes, written back to back into the same pipe:
+one write for the sender, one wake-up for the receiver, where gloo's
+point-to-point (:mod:`.p2p`) costs a header message and a data message,
+each through gloo's own I/O thread (docs/bench/profile_workers.md: the
+messages' cost per step, measured both ways).  Each peer's sends are
+written by a thread of their own, so a send never blocks its stage (a pipe
+holds 64 KiB; two stages writing to each other at once would otherwise
+wait for each other forever); the receiver reads straight into the
+tensor's memory.
+
+It has :class:`.p2p.Transport`'s face (``expect``, ``send``, ``take``,
+``flush``, ``sent``, ``close``), so a stage uses either.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+from collections import deque
+from typing import Deque, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .p2p import DTYPES, PeerLost
+
+
+def wire_ends(context, size: int) -> List[Tuple[Dict[int, object], Dict[int, object]]]:
+    """For each stage, its pipes' ends: (to each peer, from each peer)."""
+    ends: List[Tuple[Dict[int, object], Dict[int, object]]] = [({}, {}) for _ in range(size)]
+    for sender in range(size):
+        for receiver in range(size):
+            if sender != receiver:
+                reading, writing = context.Pipe(duplex=False)
+                ends[sender][0][receiver] = writing
+                ends[receiver][1][sender] = reading
+    return ends
+
+
+class _Sender(threading.Thread):
+    """Writes one peer's messages in the order they were sent."""
+
+    def __init__(self, conn, peer: int):
+        super().__init__(name=f"hybrid host wire to stage {peer}", daemon=True)
+        self.conn, self.peer = conn, peer
+        self.queue: "queue.Queue" = queue.Queue()
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                if self.error is None:
+                    description, data = item
+                    self.conn.send_bytes(description)
+                    if data is not None:
+                        self.conn.send_bytes(data)
+            except (OSError, ValueError) as error:  # the peer has ended
+                self.error = error
+            finally:
+                self.queue.task_done()
+
+
+class HostWire:
+    """This stage's messages to and from the other stages, through pipes."""
+
+    def __init__(self, rank: int, outgoing: Dict[int, object], incoming: Dict[int, object]):
+        self.rank = rank
+        self.incoming = incoming
+        self.senders = {peer: _Sender(conn, peer) for peer, conn in outgoing.items()}
+        for sender in self.senders.values():
+            sender.start()
+        self.sent = [0, 0]  # messages and tensor bytes sent so far
+        self.expected: Dict[int, Deque[Hashable]] = {}
+        self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
+
+    def expect(self, peer: int, keys: Sequence[Hashable]) -> None:
+        """The keys of the messages ``peer`` will send this stage, in its order."""
+        self.expected[peer] = deque(keys)
+        self.inbox[peer] = {}
+
+    def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False) -> None:
+        sender = self.senders[peer]
+        if sender.error is not None:
+            raise PeerLost(f"a message to stage {peer} failed: {sender.error}")
+        self.sent[0] += 1
+        if tensor is None:
+            sender.queue.put((pickle.dumps(None), None))
+            return
+        tensor = tensor.detach().contiguous()
+        self.sent[1] += tensor.numel() * tensor.element_size()
+        description = pickle.dumps((DTYPES.index(tensor.dtype), tuple(tensor.shape), bool(requires_grad)))
+        data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else None
+        sender.queue.put((description, data))  # the array keeps the tensor's memory until it is written
+
+    def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
+        conn = self.incoming[peer]
+        try:
+            description = pickle.loads(conn.recv_bytes())
+            if description is None:
+                return None, False
+            dtype, shape, requires_grad = description
+            tensor = torch.empty(shape, dtype=DTYPES[dtype])
+            if tensor.numel():
+                conn.recv_bytes_into(tensor.view(-1).view(torch.uint8).numpy())
+        except (EOFError, OSError) as error:
+            raise PeerLost(f"a message from stage {peer} failed: {error!r}") from error
+        return tensor, requires_grad
+
+    def take(self, peer: int, key: Hashable) -> Tuple[Optional[Tensor], bool]:
+        """The message ``key`` from ``peer`` (receiving the ones it sends
+        before it) and whether its tensor needs a gradient."""
+        inbox, expected = self.inbox[peer], self.expected[peer]
+        while key not in inbox:
+            if not expected:
+                raise RuntimeError(f"stage {self.rank} waits for {key!r} from stage {peer}, which sends no more")
+            inbox[expected.popleft()] = self._receive(peer)
+        return inbox.pop(key)
+
+    def flush(self) -> None:
+        """Wait until every send of this pass is written."""
+        for peer, sender in self.senders.items():
+            sender.queue.join()
+            if sender.error is not None:
+                raise PeerLost(f"a message to stage {peer} failed: {sender.error}")
+
+    def close(self) -> None:
+        for sender in self.senders.values():
+            sender.queue.put(None)
+        for conn in [sender.conn for sender in self.senders.values()] + list(self.incoming.values()):
+            try:
+                conn.close()
+            except OSError:
+                pass
