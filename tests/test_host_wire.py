@@ -77,3 +77,25 @@ def test_a_key_the_peer_never_sends_is_refused():
         second.take(0, "b")
     for wire in (first, second):
         wire.close()
+
+
+def test_a_message_the_pipe_has_room_for_is_written_by_the_stage_itself():
+    """No thread to wake on the step's critical path where the pipe takes
+    the message now; a message larger than the room goes to the sender
+    thread, and so does any message sent after it (the order holds)."""
+    first, second = wires(2)
+    sender = first.senders[1]
+    queued = []
+    put = sender.queue.put
+    sender.queue.put = lambda item: (queued.append(item), put(item))
+    small, big = torch.ones(1000), torch.ones(1 << 19)  # 4 KB and 2 MiB
+    first.send(1, small)
+    assert queued == []
+    first.send(1, big)
+    first.send(1, small)
+    assert len(queued) == 2
+    second.expect(0, range(3))
+    assert [second.take(0, key)[0].numel() for key in range(3)] == [1000, 1 << 19, 1000]
+    first.flush()
+    for wire in (first, second):
+        wire.close()

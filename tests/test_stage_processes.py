@@ -254,8 +254,10 @@ def test_no_stage_outlives_the_trainer(how, tmp_path):
     Ctrl-C, SIGTERM or SIGKILL), its stages end within seconds."""
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     trainer = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, env={**os.environ, "TMPDIR": str(temporary)})
     try:
         pids = [int(pid) for pid in trainer.stdout.readline().split()]
         assert len(pids) == 3, trainer.stderr.read()
@@ -267,6 +269,23 @@ def test_no_stage_outlives_the_trainer(how, tmp_path):
         while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [pid for pid in pids if alive(pid)]
+        assert not [path.name for path in temporary.iterdir() if path.name.startswith("fairseq-hybrid-stages-")]
     finally:
         trainer.kill()
         trainer.wait()
+
+
+def test_a_store_folder_a_dead_trainer_left_is_cleared(tmp_path):
+    """GPU stages meet through a store folder of their trainer's; one that a
+    trainer ended by SIGKILL left behind is removed by the next start,
+    and a living trainer's is kept."""
+    from fairseq_hybrid.parallel.stage_processes import STORE_PREFIX, clear_dead_stores
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f"{STORE_PREFIX}{int(dead.stdout)}-abc"
+    living = tmp_path / f"{STORE_PREFIX}{os.getpid()}-def"
+    for folder in (left, living):
+        folder.mkdir()
+        (folder / "store").write_text("x")
+    assert clear_dead_stores(str(tmp_path)) == [str(left)]
+    assert not left.exists() and living.exists()

@@ -9,8 +9,9 @@ point-to-point (:mod:`.p2p`) costs a header message and a data message,
 each through gloo's own I/O thread (docs/bench/profile_workers.md: the
 messages' cost per step, measured both ways).  Each peer's sends are
 written by a thread of their own, so a send never blocks its stage (a pipe
-holds 64 KiB; two stages writing to each other at once would otherwise
-wait for each other forever); the receiver reads straight into the
+holds 64 KiB to 1 MiB; two stages writing to each other at once would
+otherwise wait for each other forever), except where the pipe has room for
+it now (the stage writes it itself); the receiver reads straight into the
 tensor's memory.
 
 It has :class:`.p2p.Transport`'s face (``expect``, ``send``, ``take``,
@@ -19,8 +20,11 @@ It has :class:`.p2p.Transport`'s face (``expect``, ``send``, ``take``,
 
 from __future__ import annotations
 
+import array
+import fcntl
 import pickle
 import queue
+import termios
 import threading
 from collections import deque
 from typing import Deque, Dict, Hashable, List, Optional, Sequence, Tuple
@@ -43,14 +47,54 @@ def wire_ends(context, size: int) -> List[Tuple[Dict[int, object], Dict[int, obj
     return ends
 
 
+PIPE_BYTES = 1 << 20  # asked of the kernel for each pipe (Linux's default limit for a user)
+FRAME = 8  # the bytes multiprocessing's Connection adds to a message, at most
+F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
+
+
+def _unread(conn) -> Optional[int]:
+    """How many bytes wait in the pipe ``conn`` writes into (None where
+    that cannot be told)."""
+    try:
+        unread = array.array("i", [0])
+        fcntl.ioctl(conn.fileno(), termios.FIONREAD, unread, True)
+        return unread[0]
+    except OSError:
+        return None
+
+
 class _Sender(threading.Thread):
-    """Writes one peer's messages in the order they were sent."""
+    """Writes one peer's messages in the order they were sent: the stage's
+    own thread writes a message itself where the pipe has room for it and
+    nothing is queued before it (no thread to wake, on the step's critical
+    path), and hands it to this thread otherwise."""
 
     def __init__(self, conn, peer: int):
         super().__init__(name=f"hybrid host wire to stage {peer}", daemon=True)
         self.conn, self.peer = conn, peer
         self.queue: "queue.Queue" = queue.Queue()
         self.error: Optional[BaseException] = None
+        try:
+            fcntl.fcntl(conn.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # the kernel's default size
+        try:
+            self.capacity = fcntl.fcntl(conn.fileno(), F_GETPIPE_SZ)
+        except OSError:
+            self.capacity = 0  # unknown: every message goes through the thread
+
+    def put(self, description: bytes, data) -> None:
+        size = len(description) + (0 if data is None else data.nbytes) + 2 * FRAME
+        unread = _unread(self.conn) if self.queue.unfinished_tasks == 0 and size <= self.capacity else None
+        if unread is not None and size <= self.capacity - unread:
+            try:
+                self.conn.send_bytes(description)
+                if data is not None:
+                    self.conn.send_bytes(data)
+            except (OSError, ValueError) as error:
+                self.error = error
+            return
+        self.queue.put((description, data))
 
     def run(self) -> None:
         while True:
@@ -93,13 +137,13 @@ class HostWire:
             raise PeerLost(f"a message to stage {peer} failed: {sender.error}")
         self.sent[0] += 1
         if tensor is None:
-            sender.queue.put((pickle.dumps(None), None))
+            sender.put(pickle.dumps(None), None)
             return
         tensor = tensor.detach().contiguous()
         self.sent[1] += tensor.numel() * tensor.element_size()
         description = pickle.dumps((DTYPES.index(tensor.dtype), tuple(tensor.shape), bool(requires_grad)))
         data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else None
-        sender.queue.put((description, data))  # the array keeps the tensor's memory until it is written
+        sender.put(description, data)  # a queued array keeps the tensor's memory until it is written
 
     def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
         conn = self.incoming[peer]

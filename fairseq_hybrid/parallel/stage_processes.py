@@ -17,6 +17,7 @@ when the group goes).
 
 from __future__ import annotations
 
+import glob
 import multiprocessing
 import os
 import pickle
@@ -44,7 +45,8 @@ from .worker import WorkerError, WorkerTimeout
 
 START_SECONDS = 120.0  # for every stage to be up (spawn imports torch and fairseq)
 ACTIVITY_BYTES = 256
-GRACE = 2.0  # seconds the other stages have to report, after a first failure
+GRACE = 2.0
+STORE_PREFIX = "fairseq-hybrid-stages-"  # then the trainer's process id: a folder per group on GPUs  # seconds the other stages have to report, after a first failure
 
 
 class StageProcesses:
@@ -86,14 +88,18 @@ class StageProcesses:
             for param in self.params:
                 if param.device.type == "cpu":
                     param.share_memory_()
-        self.store_dir = tempfile.mkdtemp(prefix="fairseq-hybrid-stages-")
-        store = os.path.join(self.store_dir, "store")
+        # stages on host memory talk through pipes (host_wire.py), others through torch.distributed (p2p.py),
+        # whose store is a folder of the trainer's (one a dead trainer left is cleared here)
+        wires = wire_ends(context, len(devices)) if len(devices) > 1 and all(
+            device.type == "cpu" and device.index is None for device in devices) else [None] * len(devices)
+        store = None
+        if len(devices) > 1 and wires[0] is None:
+            clear_dead_stores()
+            self.store_dir = tempfile.mkdtemp(prefix=f"{STORE_PREFIX}{os.getpid()}-")
+            store = os.path.join(self.store_dir, "store")
         # ends whatever started, however this start or this group ends (the lists fill as stages start)
         self._finalizer = weakref.finalize(self, _end, self.processes, self.conns, self.store_dir, os.getpid())
         group, self.model.hybrid_group = getattr(self.model, "hybrid_group", None), None  # not pickled (spawn)
-        # stages on host memory talk through pipes (host_wire.py), others through torch.distributed (p2p.py)
-        wires = wire_ends(context, len(devices)) if len(devices) > 1 and all(
-            device.type == "cpu" and device.index is None for device in devices) else [None] * len(devices)
         try:
             for me, device in enumerate(devices):
                 mine, theirs = context.Pipe()
@@ -318,6 +324,29 @@ class _StageBoundary(torch.autograd.Function):
     def backward(ctx, *grads):
         ctx.stages.backward(ctx.refs, grads)
         return (None, None, None) + (None,) * len(grads)
+
+
+def clear_dead_stores(folder: Optional[str] = None) -> List[str]:
+    """Remove the store folders of GPU stages whose trainer is gone (one
+    ended by SIGKILL cannot remove its own); the folders removed."""
+    removed = []
+    folder = folder or tempfile.gettempdir()
+    for path in glob.glob(os.path.join(folder, STORE_PREFIX + "*-*")):
+        owner = os.path.basename(path)[len(STORE_PREFIX):].split("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _end(processes, conns, store_dir: Optional[str], owner: int) -> None:
