@@ -99,3 +99,21 @@ def test_a_message_the_pipe_has_room_for_is_written_by_the_stage_itself():
     first.flush()
     for wire in (first, second):
         wire.close()
+
+
+def test_the_trainers_messages_keep_every_host_tensor_whole():
+    """The trainer's and stages' messages (parallel/plain_tensors.py): host
+    tensors of any dtype, shape, stride or size come back equal; a tensor
+    that needs a gradient keeps torch's own pickling, and its flag."""
+    import pickle
+
+    from fairseq_hybrid.parallel.plain_tensors import dumps
+
+    values = [torch.randn(3, 4), torch.arange(5), torch.randn(4, 6)[:, ::2], torch.empty(0, 3),
+              torch.ones(2).to(torch.bfloat16), torch.tensor(3.5), torch.tensor([True, False]),
+              torch.ones(2, requires_grad=True)]
+    back = pickle.loads(dumps({"step": values, "other": ("x", 1)}))
+    assert back["other"] == ("x", 1)
+    for value, got in zip(values, back["step"]):
+        assert got.dtype == value.dtype and got.shape == value.shape and got.requires_grad == value.requires_grad
+        assert torch.equal(got.detach(), value.detach())

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import plain_tensors
 from .cell_graph import CellGraph, Ref
 from .replicas import ModelReplicas
 from .p2p import PeerLost
@@ -331,7 +332,7 @@ def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: f
             if reply.get("new_buffers"):
                 conn.send(("ok", reply))  # torch's reductions share the buffers' memory (multiprocessing's pickler)
             else:
-                conn.send_bytes(pickle.dumps(("ok", reply)))
+                conn.send_bytes(plain_tensors.dumps(("ok", reply)))
     except EOFError:  # the trainer is gone
         code = 1
     except BaseException as error:  # reported, never lost

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from .cell_times import DeviceUsage
 from .host_batch import host_of, on_host
+from . import plain_tensors
 from .host_wire import wire_ends
 from .shard_sums import sum_on
 from .single_device_masks import draw_single_device_masks
@@ -158,7 +159,7 @@ class StageProcesses:
                 "micro_batches": micro_batches, "softmax_chunks": softmax_chunks, "masks": masks, "seed": seed,
                 "grad_enabled": grad_enabled, "autocast": capture().autocast, "training": self.model.training}
         try:
-            message = pickle.dumps(("forward", step))
+            message = plain_tensors.dumps(("forward", step))
         except (pickle.PicklingError, TypeError, AttributeError) as error:
             raise WorkerError(f"--hybrid-workers processes: the loss {shard_loss!r} cannot be sent to the stages "
                               f"({error}); use --criterion hybrid_cross_entropy with --output-loss-chunk-rows > 0, "
@@ -210,7 +211,7 @@ class StageProcesses:
         self._synchronize()
         started = time.perf_counter()
         for conn, mine in zip(self.conns, per_stage):
-            conn.send_bytes(pickle.dumps(("backward", mine)))
+            conn.send_bytes(plain_tensors.dumps(("backward", mine)))
         replies = self._replies(range(len(self.conns)), self.timeout, "backward")
         if self.report_usage is not None and self.usage is not None:
             self.report_usage(DeviceUsage([busy + reply["busy"] for busy, reply in zip(self.usage.busy, replies)],
