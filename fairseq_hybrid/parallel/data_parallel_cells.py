@@ -15,10 +15,11 @@ from .step_builder import BuiltStep, StepBuilder, replica_uses
 
 
 def data_parallel_cells(model, plan: DevicePlan, staged: StagedStep, shard_loss,
-                        replicas: Optional[ModelReplicas] = None) -> BuiltStep:
+                        replicas: Optional[ModelReplicas] = None, only: Optional[int] = None) -> BuiltStep:
     """Pure data parallelism inside one process: a whole-model replica per
-    device, each on its batch shard as :mod:`.staging` put it there."""
-    step = StepBuilder(model, plan, replicas or ModelReplicas(model))
+    device, each on its batch shard as :mod:`.staging` put it there
+    (``only``: :class:`.step_builder.StepBuilder`'s)."""
+    step = StepBuilder(model, plan, replicas or ModelReplicas(model), only)
     whole_models = step.replicas.whole_model()
     outputs = []
     for shard in staged.shards:

@@ -46,7 +46,7 @@ LayerOutput = List[List[Ref]]
 
 
 def hybrid_cells(model, plan: DevicePlan, staged: StagedStep, shard_loss,
-                 replicas: Optional[ModelReplicas] = None) -> BuiltStep:
+                 replicas: Optional[ModelReplicas] = None, only: Optional[int] = None) -> BuiltStep:
     """The cells of one ``hybrid`` or ``model`` step, in the order that
     fixes their dropout seeds: for each micro-batch, encoder, its top
     states, decoder, shards.  Each micro-batch is its own chain of cells,
@@ -54,8 +54,8 @@ def hybrid_cells(model, plan: DevicePlan, staged: StagedStep, shard_loss,
     device works on the one before and the attention-softmax part on an
     earlier one still.  ``replicas``: the group's replica caches (fresh
     ones when not given, as for the schedule simulator, which never runs
-    the cells)."""
-    step = StepBuilder(model, plan, replicas or ModelReplicas(model))
+    the cells); ``only``: :class:`StepBuilder`'s."""
+    step = StepBuilder(model, plan, replicas or ModelReplicas(model), only)
     outputs: List[int] = []
     uses: List[ReplicaUse] = []
     # A micro-batch enters the wavefront a K-th of its source chunks after

@@ -197,7 +197,7 @@ class Stage:
         with ThreadState(step["grad_enabled"], tuple(step["autocast"]), ()).entered():  # the trainer's
             built = build_step(self.model, self.plan, step["net_input"], step["target"], step["shard_loss"],
                                step["chunk_length"], step["micro_batches"], self.replicas, masks=step["masks"],
-                               softmax_chunks=step["softmax_chunks"])
+                               softmax_chunks=step["softmax_chunks"], worker=self.me)
             for use in built.replica_uses:
                 if use.worker == self.me:
                     use.replicas.prefetch(self.me, self.device, built.step)

@@ -47,12 +47,14 @@ class StagedStep(NamedTuple):
 
 def stage_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int = 0,
                micro_batches: int = 1, single_device_masks: bool = False,
-               masks: Optional[SingleDeviceMasks] = None, softmax_chunks: int = 1) -> StagedStep:
+               masks: Optional[SingleDeviceMasks] = None, softmax_chunks: int = 1,
+               only: Optional[int] = None) -> StagedStep:
     """The step's batch, from the host's copy, cut where
     :func:`.batch_rows.step_rows` decides and put on its devices.
     ``masks``: the single-device masks drawn already (by the trainer, for
     stages in processes of their own); else drawn here for the whole batch
-    with ``single_device_masks``, as the single-device model draws them."""
+    with ``single_device_masks``, as the single-device model draws them.
+    ``only``: stage what that worker's cells read, and no other's."""
     net_input, target = on_host(net_input), host_of(target)
     if single_device_masks and masks is None:
         masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
@@ -61,8 +63,9 @@ def stage_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Te
     pieces = step_rows(plan, net_input, target, micro_batches, pad)
     if plan.mode == "data":
         return StagedStep([], [_stage_shard(net_input, target, masks, worker, rows, plan.devices[worker], pad)
+                               if only is None or worker == only else StagedShard(worker, rows, {}, None, None, None)
                                for worker, rows in pieces[0].shards])
-    return StagedStep([StagedBatch(model, plan, part, chunk_length, softmax_chunks)
+    return StagedStep([StagedBatch(model, plan, part, chunk_length, softmax_chunks, only)
                        for part in micro_batches_of(net_input, target, masks, pieces)], [])
 
 
@@ -100,7 +103,8 @@ class StagedBatch:
     dropout masks to take), and its tensors on the devices of the cells
     that read them."""
 
-    def __init__(self, model, plan: DevicePlan, part: MicroBatch, chunk_length: int, softmax_chunks: int = 1):
+    def __init__(self, model, plan: DevicePlan, part: MicroBatch, chunk_length: int, softmax_chunks: int = 1,
+                 only: Optional[int] = None):
         net_input, target, masks, shards = part.net_input, part.target, part.masks, part.shards
         self.index, self.name = part.index, part.name
         encoder = model.encoder.stack
@@ -128,19 +132,27 @@ class StagedBatch:
         self.sorted_source = arrive(src_tokens.index_select(0, self.order), plan.encoder_device(0))
         self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
         self.restore_on = to_devices(self.restore, devices)
-        self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
-                                             devices)
         # The packed layout of the encoder's rows, whole (the directions of a
         # bidirectional layer) and per time chunk (the rows still running),
-        # sent with the batch: one gather per cell instead of a copy per step.
-        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices)
+        # sent with the batch: one gather per cell instead of a copy per step
+        # (none for a worker that runs no encoder layer).
+        runs_encoder = only is None or only in encoder_workers(model, plan)
+        self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
+                                             devices) if runs_encoder else {}
+        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices) \
+            if runs_encoder else {}
         self.chunk_layouts = [_packed_layouts(chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start),
                                              chunk.stop - chunk.start, self.rows, devices)
-                              for chunk in self.source_chunks]
+                              if runs_encoder else _Absent() for chunk in self.source_chunks]
         padding_mask = src_tokens.eq(encoder.padding_idx)
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
-        for rows, device in zip(self.shards, self.shard_devices):
+        for rows, worker, device in zip(self.shards, self.shard_workers, self.shard_devices):
+            if only is not None and worker != only:  # another worker's shard
+                self.padding_masks.append(None)
+                self.targets.append(None)
+                self.kept.append(None)
+                continue
             self.padding_masks.append(arrive(padding_mask[rows], device))
             pieces = [target[rows, span] for span in self.softmax_spans]
             self.targets.append([arrive(piece, device) for piece in pieces])
@@ -153,3 +165,18 @@ class StagedBatch:
 
     def source_sizes(self) -> List[int]:
         return [chunk.stop - chunk.start for chunk in self.source_chunks]
+
+
+class _Absent(dict):
+    """What a worker that does not read a staged part gets instead: None
+    for every device."""
+
+    def __missing__(self, key):
+        return None
+
+
+def encoder_workers(model, plan: DevicePlan) -> set:
+    """The workers that run an encoder layer, or a reverse direction of one."""
+    layers = model.encoder.stack.layers
+    return set(plan.encoder) | {plan.reverse_worker(layer) for layer, module in enumerate(layers)
+                                if module.bidirectional}

@@ -26,18 +26,22 @@ from .worker import DEFAULT_TIMEOUT, worker_group
 def build_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                chunk_length: int = 0, micro_batches: int = 1, replicas: Optional[ModelReplicas] = None,
                single_device_masks: bool = False, masks: Optional[SingleDeviceMasks] = None,
-               softmax_chunks: int = 1) -> BuiltStep:
+               softmax_chunks: int = 1, worker: Optional[int] = None) -> BuiltStep:
     """The step's cells in the plan's mode.  ``micro_batches``: how many
     (:mod:`.batch_rows`); ``softmax_chunks``: the target chunks one
     attention-softmax cell takes (1: a cell per chunk, which starts as
     soon as the top decoder layer made it; 0: all of them; fewer cells,
     less host time, less overlap); ``replicas``: the group's replica
     caches (fresh ones when not given, as for the planner, which never
-    runs the cells); ``masks``: as :func:`.staging.stage_step`'s."""
+    runs the cells); ``masks``: as :func:`.staging.stage_step`'s;
+    ``worker``: build only that worker's cells (a stage in a process of its
+    own): every cell is still there, with its worker, inputs and outputs,
+    so that the orders and messages are the same everywhere, but only that
+    worker's can run, and only its part of the batch is staged."""
     staged = stage_step(model, plan, net_input, target, chunk_length, micro_batches, single_device_masks, masks,
-                        softmax_chunks)
+                        softmax_chunks, worker)
     cells = data_parallel_cells if plan.mode == "data" else hybrid_cells
-    return cells(model, plan, staged, shard_loss, replicas)
+    return cells(model, plan, staged, shard_loss, replicas, worker)
 
 
 def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT,

@@ -29,10 +29,13 @@ def shard_names(count: int) -> List[str]:
 
 class StepBuilder:
     """Collects the cells of one step; ``add`` returns the new cell's index
-    and ``ref`` names one of its outputs for the cells that read it."""
+    and ``ref`` names one of its outputs for the cells that read it.
+    ``only``: the one worker whose cells can run (the others' are kept
+    without their ``run``); None: every worker's."""
 
-    def __init__(self, model, plan: DevicePlan, replicas: ModelReplicas):
+    def __init__(self, model, plan: DevicePlan, replicas: ModelReplicas, only: Optional[int] = None):
         self.model = model
+        self.only = only
         self.plan = plan
         self.replicas = replicas
         self.devices = plan.devices
@@ -42,9 +45,12 @@ class StepBuilder:
 
     def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
             work: Optional[Work] = None, outputs: Optional[Sequence[str]] = None) -> int:
-        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run, work, tuple(outputs) if outputs else None,
-                               self.not_before))
+        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run if self.builds(worker) else None, work,
+                               tuple(outputs) if outputs else None, self.not_before))
         return len(self.cells) - 1
+
+    def builds(self, worker: int) -> bool:
+        return self.only is None or worker == self.only
 
     def ref(self, cell: int, output: str) -> Ref:
         names = self.cells[cell].outputs
