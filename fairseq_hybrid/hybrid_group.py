@@ -23,8 +23,8 @@ from fairseq.logging import metrics
 from torch import Tensor
 
 from .parallel import (AUTO, DEFAULT_TIMEOUT, MODES, DevicePlan, DevicePlanError, DeviceUsage, ModelReplicas,
-                       StageProcesses, build_plan, build_step, check_options, chunk_length_option,
-                       micro_batches_option, plan_table, run_step, softmax_chunks_option, step_scope)
+                       StageProcesses, StepShape, WorkerThreads, build_plan, build_step, check_options,
+                       chunk_length_option, draw_single_device_masks, micro_batches_option, plan_table, softmax_chunks_option, step_scope)
 from .planning import ChunkLengthChooser, CostModel, auto_placement
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class HybridGroup:
         self.model = model
         self.plan = plan
         self.workers = worker_kind(workers, plan.devices)
-        self.stages: Optional[StageProcesses] = None  # started at the first step (processes)
+        self.runtime = None  # the workers, made at the first step: WorkerThreads or StageProcesses
         self.micro_batches = micro_batches_option(micro_batches)
         self.chunk_length = chunk_length_option(chunk_length)
         self.softmax_chunks = softmax_chunks_option(softmax_chunks)
@@ -244,14 +244,17 @@ class HybridGroup:
             metrics.log_scalar("micro_batches", micro_batches, weight=1, round=1)
             if self.softmax_chunks == AUTO:
                 metrics.log_scalar("softmax_chunks", softmax_chunks, weight=1, round=1)
-        if self.workers == "processes":
-            if self.stages is None:
-                self.stages = StageProcesses(self.model, self.plan, self.timeout)
-            return self.stages.loss_sums(net_input, target, shard_loss, chunk_length, micro_batches, masks,
-                                         log_device_usage, softmax_chunks)
-        built = build_step(self.model, self.plan, net_input, target, shard_loss, chunk_length, micro_batches,
-                           self.replicas, masks, softmax_chunks=softmax_chunks)
-        return run_step(built, self.timeout, log_device_usage)
+        if self.runtime is None:
+            self.runtime = (StageProcesses(self.model, self.plan, self.timeout, build_step, draw_single_device_masks)
+                            if self.workers == "processes" else
+                            WorkerThreads(self.model, self.plan, self.timeout, self.replicas))
+        return self.runtime.loss_sums(net_input, target, shard_loss,
+                                      StepShape(chunk_length, micro_batches, softmax_chunks, masks), log_device_usage)
+
+    @property
+    def stages(self) -> Optional[StageProcesses]:
+        """The stage processes (``--hybrid-workers processes``, once started)."""
+        return self.runtime if isinstance(self.runtime, StageProcesses) else None
 
 
 def log_device_usage(usage: DeviceUsage) -> None:

@@ -45,9 +45,9 @@ def test_a_worker_builds_its_own_cells_only(mode, count, micro_batches, dictiona
 def test_a_stage_in_a_process_builds_its_own_cells_only(dictionaries, monkeypatch):
     """Every stage of a group in processes builds with its own worker (the
     check runs in the forked stages and fails their step otherwise)."""
-    from fairseq_hybrid.parallel import stage
+    from fairseq_hybrid import hybrid_group
 
-    original = stage.build_step
+    original = hybrid_group.build_step
 
     def checked(*args, worker=None, **kwargs):
         built = original(*args, worker=worker, **kwargs)
@@ -56,5 +56,5 @@ def test_a_stage_in_a_process_builds_its_own_cells_only(dictionaries, monkeypatc
             raise AssertionError(f"stage built the cells of other workers: {others or 'all'}")
         return built
 
-    monkeypatch.setattr(stage, "build_step", checked)
+    monkeypatch.setattr(hybrid_group, "build_step", checked)  # what the group hands its stages
     check_equal(["cpu"] * 3, "hybrid", dictionaries, group_options={"hybrid_workers": "processes"})

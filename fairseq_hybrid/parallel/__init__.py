@@ -1,11 +1,15 @@
 """The engine: one training step of a ``hybrid_lstm`` model run as cells on
 the group's devices.
 
-Laid out as torchgpipe's: a runtime (the wavefront and cell graph,
-workers, transport with its streams, thread or process state, replicas,
-seeded dropout) apart from the hybrid step's recipe (the rows of a step
-decided and cut, the batch staged once, the cell builders, the
-data-parallel step; :mod:`.step` ties them together).
+Laid out as torchgpipe's: a runtime (the wavefront and one cell graph
+that runs any worker's cells, with the channel to the other workers
+injected: in this process for threads, over the stages' wire for a
+process per device; transport with its streams, thread state, replicas,
+seeded dropout) apart from the hybrid step's recipe (the device plan, the
+rows of a step decided and cut, the batch staged once, the cell builders,
+the data-parallel step; :mod:`.step` ties them together and hands a
+stage its builder).  ``tests/test_import_structure.py`` places every
+module in one of the two.
 
 This face is what the rest of the package uses of it: the group
 (:mod:`fairseq_hybrid.hybrid_group`) to run a step, the planner
@@ -26,15 +30,16 @@ from .host_batch import host_of, keep_on_host, on_host
 from .replicas import ModelReplicas
 from .seeded_dropout import SeededDropout
 from .stage_processes import StageProcesses
-from .step import build_step, run_step
+from .single_device_masks import draw_single_device_masks
+from .step import StepShape, WorkerThreads, build_step, run_step
 from .thread_state import step_scope
 from .wavefront import CellSpec, clocks
 from .worker import DEFAULT_TIMEOUT
 
 __all__ = [
     "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DevicePlan", "DevicePlanError", "DeviceUsage",
-    "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "Work", "batch_slices", "build_plan", "build_step",
-    "check_options", "chunk_length_option", "clocks", "default_placement", "host_of", "keep_on_host",
+    "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "StepShape", "Work", "WorkerThreads", "batch_slices", "build_plan", "build_step",
+    "check_options", "chunk_length_option", "draw_single_device_masks", "clocks", "default_placement", "host_of", "keep_on_host",
     "labelled_cells", "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text",
     "plan_table", "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "step_scope",
     "time_chunks",

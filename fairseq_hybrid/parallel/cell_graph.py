@@ -44,6 +44,7 @@ from torch.autograd import Variable
 from . import thread_state
 from . import seeded_dropout
 from .cell_times import DeviceUsage, label_call, note_call
+from .channels import InProcess
 from .transport import arrive, record_event
 from .wavefront import CellSpec, Ref, worker_orders
 from .worker import DEFAULT_TIMEOUT, Aborted, WorkerGroup, current_worker
@@ -80,7 +81,11 @@ class CellGraph:
     """The cells of one step and what they produced.
 
     ``forward`` runs every worker's cells in wavefront order; ``backward``,
-    given gradients of some outputs, runs them in the reverse order.
+    given gradients of some outputs, runs them in the reverse order;
+    ``forward_of`` and ``backward_of`` run one worker's cells on the calling
+    thread (a stage in a process of its own).  ``channel`` brings the
+    outputs and gradients of cells on other workers (:mod:`.channels`:
+    in this process by default).
     """
 
     MAIN = 1 << 30  # the consumer id of gradients that come from outside the graph
@@ -88,8 +93,10 @@ class CellGraph:
     def __init__(self, cells: Sequence[Cell], group: WorkerGroup, seed: int,
                  after_backward: Callable[[], None] = lambda: None, timeout: float = DEFAULT_TIMEOUT,
                  report_usage: Optional[Callable[[DeviceUsage], None]] = None,
-                 after_last_backward: Sequence[Tuple[Sequence[int], Callable[[], None]]] = ()):
+                 after_last_backward: Sequence[Tuple[Sequence[int], Callable[[], None]]] = (),
+                 channel: Optional[InProcess] = None):
         self.cells = list(cells)
+        self.channel = channel or InProcess()
         self.report_usage = report_usage
         self.busy = [0.0] * len(group.devices)  # each worker adds to its own entry
         self.wall = 0.0
@@ -120,6 +127,7 @@ class CellGraph:
             if len({self.cells[index].worker for index in hooked}) != 1:
                 raise ValueError("a hook after the last backward of several cells needs cells of one worker")
             self.hooks.setdefault(min(hooked, key=position.__getitem__), []).append(hook)
+        self.channel.bind(self)
 
     # -- running -----------------------------------------------------------
 
@@ -141,6 +149,23 @@ class CellGraph:
         if self.report_usage is not None:
             self.report_usage(DeviceUsage(list(self.busy), self.wall))
 
+    def forward_of(self, worker: int) -> None:
+        """Run ``worker``'s cells forward on the calling thread."""
+        self.channel.start(self, "forward")
+        for index in self.orders[worker]:
+            self.channel.say(f"{self.cells[index].name} (forward)")
+            self._forward_cell(index)
+        self.channel.finish(self, "forward")
+
+    def backward_of(self, worker: int, grads: Dict[Ref, Tensor]) -> None:
+        """Run ``worker``'s cells backward on the calling thread, from the
+        gradients ``grads`` of some of its outputs."""
+        for ref, grad in grads.items():
+            self.grads.setdefault(ref, {})[self.MAIN] = (grad, None)
+        self.channel.start(self, "backward")
+        self._run_backward(self.orders[worker][::-1])
+        self.channel.finish(self, "backward")
+
     def output(self, ref: Ref) -> Tensor:
         return self.outputs[ref[0]][ref[1]]
 
@@ -149,7 +174,8 @@ class CellGraph:
         for event in self.forward_done + self.backward_done:
             event.set()
 
-    def _wait(self, event: threading.Event, cell: Cell, phase: str, other: int) -> None:
+    def wait(self, event: threading.Event, cell: Cell, phase: str, other: int) -> None:
+        """Until another worker's cell ``other`` of this process is done."""
         if not event.is_set():
             worker = current_worker()
             if worker is not None:  # the message made only when it waits
@@ -171,7 +197,7 @@ class CellGraph:
         leaves = []
         worker = current_worker()
         for producer, position in cell.inputs:
-            value, event = self._input(cell, producer, position)
+            value, event = self.channel.input(self, cell, producer, position)
             leaf = arrive(value.detach(), device, event)
             if grad_enabled and value.requires_grad:
                 leaf.requires_grad_()
@@ -202,30 +228,8 @@ class CellGraph:
         self.leaves[index] = leaves if grad_enabled else None
         self.outputs[index] = outputs
         self.events[index] = record_event(device)
-        self._produced(index)
+        self.channel.produced(self, index)
         self.forward_done[index].set()
-
-    def _input(self, cell: Cell, producer: int, position: int) -> Tuple[Tensor, Optional[object]]:
-        """An output of an earlier cell and the event after it, once made
-        (a stage of its own process overrides this, :mod:`.stage`)."""
-        self._wait(self.forward_done[producer], cell, "forward", producer)
-        return self.outputs[producer][position], self.events[producer]
-
-    def _produced(self, index: int) -> None:
-        """Called once a cell's outputs are there (a stage sends them on)."""
-
-    def _gradients_in(self, index: int) -> None:
-        """Wait until every reader of cell ``index`` has handed back its
-        gradients into ``self.grads`` (a stage also receives them)."""
-        cell = self.cells[index]
-        for consumer in self.consumers[index]:
-            self._wait(self.backward_done[consumer], cell, "backward", consumer)
-
-    def _hand_back(self, index: int, ref: Ref, grad: Optional[Tensor], event) -> None:
-        """Cell ``index``'s gradient of its input ``ref`` (None: none), for
-        the producer (a stage sends it where the producer is not its own)."""
-        if grad is not None:
-            self.grads.setdefault(ref, {})[index] = (grad, event)
 
     def _run_backward(self, order: List[int]) -> None:
         # this thread runs each cell's whole backward itself (see the module
@@ -242,7 +246,7 @@ class CellGraph:
         cell = self.cells[index]
         device = self.group.devices[cell.worker]
         worker = current_worker()
-        self._gradients_in(index)
+        self.channel.gradients_in(self, index)
         roots, root_grads = [], []
         for position, value in enumerate(self.outputs[index]):
             received = self.grads.pop((index, position), None)
@@ -277,7 +281,8 @@ class CellGraph:
         event = record_event(device) if leaves else None
         for position, ref in enumerate(cell.inputs):
             leaf = leaves[position] if leaves else None
-            self._hand_back(index, ref, leaf.grad if leaf is not None and leaf.requires_grad else None, event)
+            self.channel.hand_back(self, index, ref, leaf.grad if leaf is not None and leaf.requires_grad else None,
+                                   event)
         self.leaves[index] = None
         self.outputs[index] = None
         for hook in self.hooks.get(index, ()):

@@ -2,13 +2,14 @@
 steps (``--hybrid-workers processes``), in the spirit of
 ``torch.distributed.pipelining``'s ``stage.py``.
 
-Every stage builds the whole step from the batch the trainer sends (the
-same builder, so the same cells, orders and dropout seeds as threads) and
-runs its own device's cells, forward in wavefront order and backward in
-the reverse order, through :class:`~.cell_graph.CellGraph` itself: only
-where an input comes from another device (or a gradient goes back to one)
-does it take the message from its wire (:mod:`.host_wire` on host memory,
-:mod:`.p2p` between GPUs) instead of
+Every stage builds its own cells of the step from the batch the trainer
+sends (the builder the trainer hands it, so the same cells, orders and
+dropout seeds as threads; the other workers' cells without their code) and
+runs them, forward in wavefront order and backward in the reverse order,
+through :class:`~.cell_graph.CellGraph` itself with the channel
+:class:`~.channels.OverWire`: where an input comes from another device (or
+a gradient goes back to one) it takes the message from its wire
+(:mod:`.host_wire` on host memory, :mod:`.p2p` between GPUs) instead of
 another thread.  It reports its loss sums, then, after the backward pass,
 which parameters it filled with gradients, into buffers it shares with the
 trainer (docs/design.md, "A host per device").  The trainer's side is
@@ -25,16 +26,16 @@ import sys
 import threading
 import time
 import traceback
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
 
 from . import plain_tensors
 from .cell_graph import CellGraph, Ref
+from .channels import InProcess, OverWire
 from .replicas import ModelReplicas
 from .p2p import PeerLost
-from .step import build_step
 from .thread_state import ThreadState
 from .transport import arrive
 
@@ -68,125 +69,18 @@ class _Devices:
         self.devices = list(devices)
 
 
-class StageGraph(CellGraph):
-    """The cells of one step as stage ``me`` runs them: its own cells; the
-    outputs of other stages' cells, and the gradients other stages hand
-    back, through ``transport``."""
-
-    def __init__(self, cells, devices, me: int, transport, seed: int, activity):
-        super().__init__(cells, _Devices(devices), seed)
-        self.me, self.transport, self.activity = me, transport, activity
-        self.remote: Dict[Ref, Tuple[Tensor, bool]] = {}
-        worker_of = [cell.worker for cell in self.cells]
-        # who reads each output on another stage, and what each stage sends this one, in its own order
-        self.readers: Dict[Ref, List[int]] = {}
-        for index, cell in enumerate(self.cells):
-            for ref in cell.inputs:
-                reader = cell.worker
-                if worker_of[ref[0]] != reader and reader not in self.readers.setdefault(tuple(ref), []):
-                    self.readers[tuple(ref)].append(reader)
-        self.sent_refs: Dict[int, List[Ref]] = {}  # by cell: its outputs another stage reads, in order
-        for ref in sorted(self.readers):
-            self.readers[ref].sort()
-            self.sent_refs.setdefault(ref[0], []).append(ref)
-        self.forward_from: Dict[int, List[Ref]] = {}
-        self.backward_from: Dict[int, List[Tuple[int, int]]] = {}
-        for worker, order in enumerate(self.orders):
-            if worker != me:
-                self.forward_from[worker] = [ref for index in order for ref in self.sent_refs.get(index, ())
-                                             if me in self.readers[ref]]
-                self.backward_from[worker] = [(index, position) for index in reversed(order)
-                                              for position, (producer, _) in enumerate(self.cells[index].inputs)
-                                              if worker_of[producer] == me]
-
-    # -- forward ---------------------------------------------------------------
-
-    def _input(self, cell, producer: int, position: int):
-        if self.cells[producer].worker == self.me:
-            return super()._input(cell, producer, position)
-        ref = (producer, position)
-        if ref not in self.remote:
-            self._say(f"{cell.name} (forward), waiting for {self.cells[producer].name}")
-            value, requires_grad = self.transport.take(self.cells[producer].worker, ref)
-            self._say(f"{cell.name} (forward)")
-            if requires_grad and torch.is_grad_enabled():
-                value.requires_grad_()
-            self.remote[ref] = value
-        return self.remote[ref], None
-
-    def _produced(self, index: int) -> None:
-        for ref in self.sent_refs.get(index, ()):
-            value = self.outputs[index][ref[1]]
-            for reader in self.readers[ref]:
-                self.transport.send(reader, value.detach(), value.requires_grad)
-
-    # -- backward --------------------------------------------------------------
-
-    def _gradients_in(self, index: int) -> None:
-        cell = self.cells[index]
-        for consumer in self.consumers[index]:
-            worker = self.cells[consumer].worker
-            if worker == self.me:
-                continue  # run before this one, in this stage's reverse order
-            self._say(f"{cell.name} (backward), waiting for {self.cells[consumer].name}")
-            for position, (producer, output) in enumerate(self.cells[consumer].inputs):
-                if producer == index:
-                    grad, _ = self.transport.take(worker, (consumer, position))
-                    if grad is not None:
-                        self.grads.setdefault((producer, output), {})[consumer] = (grad, None)
-            self._say(f"{cell.name} (backward)")
-
-    def _hand_back(self, index: int, ref: Ref, grad: Optional[Tensor], event) -> None:
-        worker = self.cells[ref[0]].worker
-        if worker == self.me:
-            return super()._hand_back(index, ref, grad, event)
-        self.transport.send(worker, grad)  # in input order: what the producer expects (backward_from)
-
-    # -- running -----------------------------------------------------------------
-
-    def _say(self, text: str) -> None:
-        self.activity.value = text.encode("utf-8", "replace")[:len(self.activity) - 1]
-
-    def run_forward(self) -> None:
-        for worker, refs in self.forward_from.items():
-            self.transport.expect(worker, refs)
-        self.remote.clear()
-        for index in self.orders[self.me]:
-            self._say(f"{self.cells[index].name} (forward)")
-            self._forward_cell(index)
-        if self.transport is not None:
-            self.transport.flush()
-        self._say("idle")
-
-    def run_backward(self, grads: Dict[Ref, Tensor]) -> None:
-        for ref, grad in grads.items():
-            self.grads.setdefault(ref, {})[self.MAIN] = (grad, None)
-        for worker, keys in self.backward_from.items():
-            self.transport.expect(worker, keys)
-        previous = torch._C._is_multithreading_enabled()
-        torch._C._set_multithreading_enabled(False)  # this thread runs each cell's backward (cell_graph.py)
-        try:
-            for index in reversed(self.orders[self.me]):
-                self._say(f"{self.cells[index].name} (backward)")
-                self._backward_cell(index)
-        finally:
-            torch._C._set_multithreading_enabled(previous)
-        if self.transport is not None:
-            self.transport.flush()
-        self._say("idle")
-
-
 class Stage:
     """One device's side of a group's steps, in its own process."""
 
-    def __init__(self, me: int, model, plan, transport, activity):
+    def __init__(self, me: int, model, plan, build, transport, activity):
         self.me, self.model, self.plan, self.transport, self.activity = me, model, plan, transport, activity
+        self.build = build  # the step's cells, this stage's alone runnable (step.build_step)
         self.device = plan.devices[me]
         self.replicas = ModelReplicas(model)
         self.params = list(model.parameters())
         self.index = {id(param): position for position, param in enumerate(self.params)}
         self.buffers: Dict[int, Tensor] = {}  # gradient buffers shared with the trainer, by parameter
-        self.graph: Optional[StageGraph] = None
+        self.graph: Optional[CellGraph] = None
         self.built = None
 
     def forward(self, step: Dict) -> Dict:
@@ -195,15 +89,16 @@ class Stage:
         self.graph = self.built = None  # a forward without a backward before (validation) is dropped
         self.model.train(step["training"])
         with ThreadState(step["grad_enabled"], tuple(step["autocast"]), ()).entered():  # the trainer's
-            built = build_step(self.model, self.plan, step["net_input"], step["target"], step["shard_loss"],
+            built = self.build(self.model, self.plan, step["net_input"], step["target"], step["shard_loss"],
                                step["chunk_length"], step["micro_batches"], self.replicas, masks=step["masks"],
                                softmax_chunks=step["softmax_chunks"], worker=self.me)
             for use in built.replica_uses:
                 if use.worker == self.me:
                     use.replicas.prefetch(self.me, self.device, built.step)
-            graph = StageGraph(built.step.cells, self.plan.devices, self.me, self.transport, step["seed"],
-                               self.activity)
-            graph.run_forward()
+            channel = OverWire(self.me, self.transport, self._say) if self.transport is not None else InProcess(
+                self._say)
+            graph = CellGraph(built.step.cells, _Devices(self.plan.devices), step["seed"], channel=channel)
+            graph.forward_of(self.me)
         results = {}
         for cell in built.results:
             if built.step.cells[cell].worker == self.me:
@@ -224,7 +119,7 @@ class Stage:
         graph, built = self.graph, self.built
         self.graph = self.built = None
         busy = graph.busy[self.me]
-        graph.run_backward({ref: arrive(grad, self.device) for ref, grad in grads.items()})
+        graph.backward_of(self.me, {ref: arrive(grad, self.device) for ref, grad in grads.items()})
         filled: Dict[int, Tensor] = {}
         for position, param in enumerate(self.params):
             if param.grad is not None:
@@ -251,6 +146,10 @@ class Stage:
         _synchronize(self.device)
         return {"filled": sorted(filled), "new_buffers": new, "busy": graph.busy[self.me] - busy,
                 "peak_mib": peak_mib(self.device), "sent": self._sent()}
+
+    def _say(self, text: str) -> None:
+        """What this stage does now, for the trainer to name if it hangs or dies."""
+        self.activity.value = text.encode("utf-8", "replace")[:len(self.activity) - 1]
 
     def _sent(self) -> List[int]:
         """Messages and bytes this stage sent since it last said."""
@@ -296,7 +195,7 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="hybrid stage parent watch", daemon=True).start()
 
 
-def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: float, parent: int,
+def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional[str], timeout: float, parent: int,
                wire=None) -> None:
     """A stage process's whole life: set up, then answer the trainer's
     commands until it says stop; any failure is reported, then the process
@@ -322,7 +221,7 @@ def stage_main(me: int, model, plan, conn, activity, store_path: str, timeout: f
             from .p2p import Transport
             transport = Transport(me, plan.size, FileStore(store_path, plan.size), device, timeout,
                                   distinct_devices=len(set(plan.devices)) == plan.size)
-        stage = Stage(me, model, plan, transport, activity)
+        stage = Stage(me, model, plan, build, transport, activity)
         conn.send(("ready", None))
         while True:
             kind, payload = pickle.loads(conn.recv_bytes())

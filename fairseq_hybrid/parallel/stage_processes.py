@@ -39,7 +39,6 @@ from .host_batch import host_of, on_host
 from . import plain_tensors
 from .host_wire import wire_ends
 from .shard_sums import sum_on
-from .single_device_masks import draw_single_device_masks
 from .stage import keep_freed_memory, stage_main
 from .thread_state import capture
 from .worker import WorkerError, WorkerTimeout
@@ -55,8 +54,13 @@ class StageProcesses:
 
     start_method: Optional[str] = None  # multiprocessing's; None: fork for CPU groups, spawn with CUDA
 
-    def __init__(self, model, plan, timeout: float):
-        self.model, self.plan, self.timeout = model, plan, timeout
+    def __init__(self, model, plan, timeout: float, build: Callable, draw_masks: Callable):
+        """``build``: how a stage builds its cells of a step
+        (:func:`.step.build_step`); ``draw_masks``: how the trainer draws
+        a step's single-device dropout masks for every stage
+        (:func:`.single_device_masks.draw_single_device_masks`); both
+        handed over, so that the runtime does not import a step's recipe."""
+        self.model, self.plan, self.timeout, self.build, self.draw_masks = model, plan, timeout, build, draw_masks
         self.params = list(model.parameters())
         self.processes: List = []
         self.peak_mib: List[float] = []
@@ -106,8 +110,8 @@ class StageProcesses:
                 mine, theirs = context.Pipe()
                 activity = context.RawArray("c", ACTIVITY_BYTES)
                 process = context.Process(target=stage_main, name=f"hybrid stage {me} ({device})", daemon=True,
-                                          args=(me, self.model, self.plan, theirs, activity, store, self.timeout,
-                                                os.getpid(), wires[me]))
+                                          args=(me, self.model, self.plan, self.build, theirs, activity, store,
+                                                self.timeout, os.getpid(), wires[me]))
                 _launch(process)
                 theirs.close()
                 self.processes.append(process)
@@ -139,24 +143,23 @@ class StageProcesses:
 
     # -- one step ----------------------------------------------------------------
 
-    def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss, chunk_length: int,
-                  micro_batches: int, single_device_masks: bool,
-                  report_usage: Optional[Callable[[DeviceUsage], None]] = None,
-                  softmax_chunks: int = 1) -> Tuple[Tensor, ...]:
+    def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss, shape,
+                  report_usage: Optional[Callable[[DeviceUsage], None]] = None) -> Tuple[Tensor, ...]:
         """The batch's summed shard losses, run on the stages; their
         backward runs the stages' backward, after which ``report_usage``
         gets how busy each device was (each stage's time in its cells)."""
         self._ready()
         self.report_usage = report_usage
         masks = None
-        if single_device_masks:  # drawn here, from the trainer's generator, as one device draws them
-            masks = draw_single_device_masks(self.model, net_input["src_tokens"].size(1),
+        if shape.single_device_masks:  # drawn here, from the trainer's generator, as one device draws them
+            masks = self.draw_masks(self.model, net_input["src_tokens"].size(1),
                                              net_input["prev_output_tokens"].size(1), target.size(0))
         grad_enabled = torch.is_grad_enabled()
         seed = int(torch.randint(0, 1 << 62, ()).item()) if grad_enabled else 0
         step = {"net_input": on_host(net_input),
-                "target": host_of(target), "shard_loss": shard_loss, "chunk_length": chunk_length,
-                "micro_batches": micro_batches, "softmax_chunks": softmax_chunks, "masks": masks, "seed": seed,
+                "target": host_of(target), "shard_loss": shard_loss, "chunk_length": shape.chunk_length,
+                "micro_batches": shape.micro_batches, "softmax_chunks": shape.softmax_chunks, "masks": masks,
+                "seed": seed,
                 "grad_enabled": grad_enabled, "autocast": capture().autocast, "training": self.model.training}
         try:
             message = plain_tensors.dumps(("forward", step))

@@ -1,12 +1,15 @@
 """One training step of a ``hybrid_lstm`` model: its batch staged once
 (:mod:`.staging`), cut into cells in the plan's mode
 (:mod:`.hybrid_cells`, :mod:`.data_parallel_cells`), and run on the
-group's workers with its replicas (threads and stages alike)."""
+group's workers with its replicas.  A group calls one function whatever
+its workers: ``loss_sums`` of :class:`WorkerThreads` here, or of
+:class:`.stage_processes.StageProcesses`, which hands its stages
+:func:`build_step`."""
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 from torch import Tensor
 
@@ -21,6 +24,36 @@ from .single_device_masks import SingleDeviceMasks
 from .staging import stage_step
 from .step_builder import BuiltStep
 from .worker import DEFAULT_TIMEOUT, worker_group
+
+
+class StepShape(NamedTuple):
+    """How a step is cut (the group's options, or what ``auto`` chose for
+    this batch): time chunk length, micro-batches, target chunks per
+    attention-softmax cell, single-device dropout masks."""
+
+    chunk_length: int = 0
+    micro_batches: int = 1
+    softmax_chunks: int = 1
+    single_device_masks: bool = False
+
+
+class WorkerThreads:
+    """A group's workers as threads of the trainer's process."""
+
+    def __init__(self, model, plan: DevicePlan, timeout: float = DEFAULT_TIMEOUT,
+                 replicas: Optional[ModelReplicas] = None):
+        self.model, self.plan, self.timeout = model, plan, timeout
+        self.replicas = replicas or ModelReplicas(model)
+
+    def loss_sums(self, net_input: Dict[str, Tensor], target: Tensor, shard_loss, shape: StepShape,
+                  report_usage: Optional[Callable[[DeviceUsage], None]] = None) -> Tuple[Tensor, ...]:
+        built = build_step(self.model, self.plan, net_input, target, shard_loss, shape.chunk_length,
+                           shape.micro_batches, self.replicas, shape.single_device_masks,
+                           softmax_chunks=shape.softmax_chunks)
+        return run_step(built, self.timeout, report_usage)
+
+    def close(self) -> None:
+        """Nothing to end: the workers are the group's threads."""
 
 
 def build_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,

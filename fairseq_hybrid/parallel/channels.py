@@ -1,0 +1,147 @@
+"""How the cells of one worker reach the outputs and gradients of cells on
+other workers: the channel a :class:`~.cell_graph.CellGraph` is given.
+One graph runs the cells whatever the workers are; only the channel
+differs:
+
+* :class:`InProcess` (``--hybrid-workers threads``): every worker's cells
+  are in this process; an input is the producer's output once the
+  producer's worker has set its event (and its stream event, for the
+  reader's stream to wait for), and a gradient is handed over in memory;
+* :class:`OverWire` (``--hybrid-workers processes``): one worker's cells
+  are in this process; another worker's output, and the gradient another
+  worker hands back, come over the stages' wire (:mod:`.host_wire` on host
+  memory, :mod:`.p2p` between GPUs).  Every stage builds the same cells
+  and orders, so each knows what its peers send it and in which order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .wavefront import Ref
+
+
+class InProcess:
+    """Every worker's cells in this process (worker threads); ``say``: where
+    the worker that runs a pass on its own thread reports what it does
+    (:meth:`.cell_graph.CellGraph.forward_of`)."""
+
+    def __init__(self, say: Callable[[str], None] = lambda text: None):
+        self.say = say
+
+    def bind(self, graph) -> None:
+        """Learn the graph's cells (once, when the graph is made)."""
+
+    def input(self, graph, cell, producer: int, position: int) -> Tuple[Tensor, Optional[object]]:
+        """An output of an earlier cell and the stream event after it, once made."""
+        graph.wait(graph.forward_done[producer], cell, "forward", producer)
+        return graph.outputs[producer][position], graph.events[producer]
+
+    def produced(self, graph, index: int) -> None:
+        """Cell ``index``'s outputs are there."""
+
+    def gradients_in(self, graph, index: int) -> None:
+        """Every reader of cell ``index`` has handed back its gradients
+        into ``graph.grads``."""
+        cell = graph.cells[index]
+        for consumer in graph.consumers[index]:
+            graph.wait(graph.backward_done[consumer], cell, "backward", consumer)
+
+    def hand_back(self, graph, index: int, ref: Ref, grad: Optional[Tensor], event) -> None:
+        """Cell ``index``'s gradient of its input ``ref`` (None: none), for
+        the producer."""
+        if grad is not None:
+            graph.grads.setdefault(ref, {})[index] = (grad, event)
+
+    def start(self, graph, phase: str) -> None:
+        """A pass of this worker's cells begins (``forward``, ``backward``)."""
+
+    def finish(self, graph, phase: str) -> None:
+        """A pass of this worker's cells is done."""
+        self.say("idle")
+
+
+class OverWire(InProcess):
+    """Worker ``me``'s cells in this process (a stage); the others' outputs
+    and gradients through ``wire``; ``say`` reports what it waits for."""
+
+    def __init__(self, me: int, wire, say: Callable[[str], None] = lambda text: None):
+        super().__init__(say)
+        self.me, self.wire = me, wire
+        self.remote: Dict[Ref, Tensor] = {}
+
+    def bind(self, graph) -> None:
+        me, cells = self.me, graph.cells
+        worker_of = [cell.worker for cell in cells]
+        # who reads each output on another stage, and what each stage sends this one, in its own order
+        self.readers: Dict[Ref, List[int]] = {}
+        for cell in cells:
+            for ref in cell.inputs:
+                if worker_of[ref[0]] != cell.worker and cell.worker not in self.readers.setdefault(tuple(ref), []):
+                    self.readers[tuple(ref)].append(cell.worker)
+        self.sent_refs: Dict[int, List[Ref]] = {}  # by cell: its outputs another stage reads, in order
+        for ref in sorted(self.readers):
+            self.readers[ref].sort()
+            self.sent_refs.setdefault(ref[0], []).append(ref)
+        self.forward_from: Dict[int, List[Ref]] = {}
+        self.backward_from: Dict[int, List[Tuple[int, int]]] = {}
+        for worker, order in enumerate(graph.orders):
+            if worker != me:
+                self.forward_from[worker] = [ref for index in order for ref in self.sent_refs.get(index, ())
+                                             if me in self.readers[ref]]
+                self.backward_from[worker] = [(index, position) for index in reversed(order)
+                                              for position, (producer, _) in enumerate(cells[index].inputs)
+                                              if worker_of[producer] == me]
+
+    def start(self, graph, phase: str) -> None:
+        expected = self.forward_from if phase == "forward" else self.backward_from
+        for worker, keys in expected.items():
+            self.wire.expect(worker, keys)
+        if phase == "forward":
+            self.remote.clear()
+
+    def finish(self, graph, phase: str) -> None:
+        self.wire.flush()
+        super().finish(graph, phase)
+
+    def input(self, graph, cell, producer: int, position: int) -> Tuple[Tensor, Optional[object]]:
+        if graph.cells[producer].worker == self.me:
+            return super().input(graph, cell, producer, position)
+        ref = (producer, position)
+        if ref not in self.remote:
+            self.say(f"{cell.name} (forward), waiting for {graph.cells[producer].name}")
+            value, requires_grad = self.wire.take(graph.cells[producer].worker, ref)
+            self.say(f"{cell.name} (forward)")
+            if requires_grad and torch.is_grad_enabled():
+                value.requires_grad_()
+            self.remote[ref] = value
+        return self.remote[ref], None
+
+    def produced(self, graph, index: int) -> None:
+        for ref in self.sent_refs.get(index, ()):
+            value = graph.outputs[index][ref[1]]
+            for reader in self.readers[ref]:
+                self.wire.send(reader, value.detach(), value.requires_grad)
+
+    def gradients_in(self, graph, index: int) -> None:
+        cell = graph.cells[index]
+        for consumer in graph.consumers[index]:
+            worker = graph.cells[consumer].worker
+            if worker == self.me:
+                continue  # run before this one, in this stage's reverse order
+            self.say(f"{cell.name} (backward), waiting for {graph.cells[consumer].name}")
+            for position, (producer, output) in enumerate(graph.cells[consumer].inputs):
+                if producer == index:
+                    grad, _ = self.wire.take(worker, (consumer, position))
+                    if grad is not None:
+                        graph.grads.setdefault((producer, output), {})[consumer] = (grad, None)
+            self.say(f"{cell.name} (backward)")
+
+    def hand_back(self, graph, index: int, ref: Ref, grad: Optional[Tensor], event) -> None:
+        worker = graph.cells[ref[0]].worker
+        if worker == self.me:
+            return super().hand_back(graph, index, ref, grad, event)
+        self.wire.send(worker, grad)  # in input order: what the producer expects (backward_from)
