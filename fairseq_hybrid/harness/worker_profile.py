@@ -42,7 +42,7 @@ def instrument(folder: str) -> None:
     forked from it; each stage writes its timers and its profile into
     ``folder`` after every backward pass."""
     from fairseq_hybrid import hybrid_group
-    from fairseq_hybrid.parallel import cell_graph, host_wire, p2p, stage, stage_processes, step
+    from fairseq_hybrid.parallel import cell_graph, cell_times, host_wire, p2p, stage, stage_processes, step
 
     timed(hybrid_group, "build_step", "build")  # the threads' build, and what the group hands its stages
     timed(step, "stage_step", "build: staging")
@@ -76,6 +76,7 @@ def instrument(folder: str) -> None:
 
     def backward(self, grads):
         start = time.perf_counter()
+        graph = self.graph
         try:
             reply = original_backward(self, grads)
             TIMERS["cells: their own run (busy)"] += reply["busy"]
@@ -94,6 +95,7 @@ def instrument(folder: str) -> None:
                 profiler.enable()
             with open(os.path.join(folder, f"stage{self.me}.json"), "w") as out:
                 json.dump({"timers": TIMERS, "counts": COUNTS}, out)
+            write_cell_times(folder, self.me, graph, COUNTS["stage: backward command"] > PROFILE_FROM[0])
 
     stage.Stage.backward = backward
     original_main = stage_processes.stage_main
@@ -101,6 +103,8 @@ def instrument(folder: str) -> None:
     def stage_main(*args, **kwargs):
         TIMERS.clear()
         COUNTS.clear()
+        TRACE[:] = [cell_times.record_cell_times()]
+        TRACE.append(TRACE[0].__enter__())
         PROFILERS[os.getpid()] = profiler = cProfile.Profile()
         profiler.enable()
         return original_main(*args, **kwargs)
@@ -109,6 +113,81 @@ def instrument(folder: str) -> None:
 
 
 PROFILERS = {}
+TRACE = []  # a stage's record_cell_times context and its list
+
+
+def write_cell_times(folder: str, me: int, graph, timed: bool) -> None:
+    """Add this step's cells (their workers, inputs and orders) and how long
+    each of this stage's own calls took to ``stage{me}-cells.jsonl``."""
+    if len(TRACE) < 2:
+        return
+    trace = TRACE[1]
+    seconds = {f"{entry.name}|{entry.phase}": entry.end - entry.start for entry in trace}
+    trace.clear()
+    if not timed or graph is None:
+        return
+    step = {"seconds": seconds, "orders": graph.orders,
+            "cells": [[cell.name, cell.worker, [list(ref) for ref in cell.inputs]] for cell in graph.cells]}
+    with open(os.path.join(folder, f"stage{me}-cells.jsonl"), "a") as out:
+        out.write(json.dumps(step) + "\n")
+
+
+def critical_path(cells, orders, seconds) -> float:
+    """The step's wall time if nothing but its cells took time: every
+    worker runs its cells in its order (forward, then backward in reverse),
+    each as soon as its inputs (its readers' gradients) are there."""
+    consumers = [[] for _ in cells]
+    for index, (_, _, inputs) in enumerate(cells):
+        for producer, _ in inputs:
+            if index not in consumers[producer]:
+                consumers[producer].append(index)
+
+    def makespan(worker_orders, needs, phase):
+        finish, free, at = {}, [0.0] * len(worker_orders), [0] * len(worker_orders)
+        moved = True
+        while moved:
+            moved = False
+            for worker, order in enumerate(worker_orders):
+                while at[worker] < len(order) and all(need in finish for need in needs(order[at[worker]])):
+                    index = order[at[worker]]
+                    start = max([free[worker]] + [finish[need] for need in needs(index)])
+                    finish[index] = free[worker] = start + seconds.get(f"{cells[index][0]}|{phase}", 0.0)
+                    at[worker] += 1
+                    moved = True
+        if len(finish) != len(cells):
+            raise ValueError("the orders deadlock")
+        return max(finish.values(), default=0.0)
+
+    return (makespan(orders, lambda index: [producer for producer, _ in cells[index][2]], "forward")
+            + makespan([order[::-1] for order in orders], lambda index: consumers[index], "backward"))
+
+
+def cell_bound(folder: str, devices: int) -> dict:
+    """From the stages' files: a step's critical path and its busiest
+    worker's cells (milliseconds, mean over the timed steps)."""
+    steps = []
+    for me in range(devices):
+        path = os.path.join(folder, f"stage{me}-cells.jsonl")
+        if not os.path.exists(path):
+            return {}
+        with open(path) as lines:
+            for index, line in enumerate(lines):
+                step = json.loads(line)
+                if index == len(steps):
+                    steps.append(step)
+                else:
+                    steps[index]["seconds"].update(step["seconds"])
+        os.remove(path)
+    paths, busiest = [], []
+    for step in steps:
+        paths.append(critical_path(step["cells"], step["orders"], step["seconds"]))
+        per_worker = [0.0] * devices
+        for (name, worker, _) in step["cells"]:
+            per_worker[worker] += sum(step["seconds"].get(f"{name}|{phase}", 0.0) for phase in ("forward", "backward"))
+        busiest.append(max(per_worker))
+    count = max(1, len(steps))
+    return {"critical_path_ms": 1000 * sum(paths) / count, "busiest_worker_ms": 1000 * sum(busiest) / count,
+            "steps": len(steps)}
 PROFILE_FROM = [0]  # the stages' backward pass after which their profile starts
 DUMP_AT = [0]  # the stages' backward pass after which they write their profiles (set before they fork)
 
@@ -142,7 +221,9 @@ def run(workers: str, devices: int, args, folder: str):
     src_dict, tgt_dict, samples = make_batches(args.warmup + args.steps, args.max_tokens)
     options = {"encoder_layers": args.layers, "decoder_layers": args.layers}
     if devices > 1:
-        options.update(hybrid_devices=",".join(["cpu"] * devices), hybrid_workers=workers)
+        options.update(hybrid_devices=",".join(["cpu"] * devices), hybrid_workers=workers,
+                       hybrid_placement=args.placement, hybrid_micro_batches=str(args.micro_batches),
+                       hybrid_chunk_length=str(args.chunk_length))
     model = build_model(args.arch, src_dict, tgt_dict, **options)
     DUMP_AT[0], PROFILE_FROM[0] = args.warmup + args.steps, args.warmup
     criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1, output_loss_chunk_rows=64)
@@ -175,7 +256,8 @@ def run(workers: str, devices: int, args, folder: str):
     group = getattr(model, "hybrid_group", None)
     if group is not None and group.stages is not None:
         group.stages.close()
-    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "trainer": dict(TIMERS),
+    bound = cell_bound(folder, devices) if workers == "processes" else {}
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "trainer": dict(TIMERS), "bound": bound,
             "stages": {me: data["timers"] for me, data in stages.items()},
             "calls": {"trainer": dict(COUNTS), **{f"stage {me}": data["counts"] for me, data in stages.items()}}}
 
@@ -238,6 +320,19 @@ def render(results, args) -> str:
         threads = results["threads"]["tokens_per_s"]
         lines.append(f"| {name} | {result['tokens_per_s']:,.0f} | {result['tokens_per_s'] / base:.2f}x | "
                      f"{result['tokens_per_s'] / threads:.2f}x |")
+    bounds = [(name, result) for name, result in results.items() if result.get("bound")]
+    if bounds:
+        lines += ["", "The stages' cells alone, from each stage's own cell times (`record_cell_times`): the step's "
+                  "critical path through its cells (every message, build and hand-off free) and the busiest "
+                  "worker's cells, beside the measured step:", "",
+                  "| workers | critical path ms | busiest worker ms | measured step ms | threads' step ms | "
+                  "threads' step / critical path |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        threads_ms = 1000 * results["threads"]["seconds"] / steps
+        for name, result in bounds:
+            bound = result["bound"]
+            lines.append(f"| {name} | {bound['critical_path_ms']:.1f} | {bound['busiest_worker_ms']:.1f} | "
+                         f"{1000 * result['seconds'] / steps:.1f} | {threads_ms:.1f} | "
+                         f"{threads_ms / bound['critical_path_ms']:.2f}x |")
     lines += ["", ("Milliseconds a step by the wrapped timers; beside them, cProfile's cumulative time of the same "
                "functions (each process's main thread: a worker thread's cells are not in it):"), ""]
     for name in [name for name in results if name != "one device"]:
