@@ -4,6 +4,8 @@ itself, the exactness suite under it, and regression tests for what only
 distinct devices show: a bidirectional layer's reverse direction running
 away from its weights, gradient clipping and --fp16 across devices."""
 
+import sys
+
 import pytest
 import torch
 
@@ -91,6 +93,47 @@ def test_a_wait_for_the_gpu_outside_the_cells_is_recorded(dictionaries, monkeypa
     added = [sync for sync in harness.step_syncs if "with_an_item" in sync.caller]
     assert [(sync.op, sync.device) for sync in added] == [("_local_scalar_dense", 0)]
     assert added[0].cell == "outside the cells (MainThread)" and harness.syncs == []
+
+
+def test_a_wait_at_the_groups_first_line_is_recorded(dictionaries, monkeypatch):
+    """The recorder is on before the group's first line: an ``.item()`` put
+    there by hand (HybridGroup.loss_sums) is recorded, with its line."""
+    from fairseq_hybrid.hybrid_group import HybridGroup
+
+    real = HybridGroup.loss_sums
+
+    def item_first(self, net_input, target, shard_loss):
+        net_input["src_lengths"].max().item()  # the host waits for the device
+        return real(self, net_input, target, shard_loss)
+
+    monkeypatch.setattr(HybridGroup, "loss_sums", item_first)
+    with virtual_devices() as harness:
+        check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True)
+    added = [sync for sync in harness.step_syncs if "item_first" in sync.caller]
+    assert [(sync.op, sync.device) for sync in added] == [("_local_scalar_dense", 0)]
+    assert added[0].caller.endswith(f":{item_first.__code__.co_firstlineno + 1} (item_first)")
+
+
+def test_a_wait_on_a_workers_thread_outside_its_cells_is_recorded(dictionaries, monkeypatch):
+    """A worker's thread waits outside its cells too: where it adds the
+    gradients its cell's readers handed back (CellGraph._backward_cell),
+    an ``.item()`` put by hand is recorded, naming the line and the thread."""
+    from fairseq_hybrid.parallel import cell_graph
+
+    real = cell_graph.arrive
+
+    def arrive_and_read(value, device, event=None):
+        moved = real(value, device, event)
+        if sys._getframe(1).f_code.co_name == "_backward_cell" and moved.numel():  # a gradient to add
+            moved.reshape(-1)[0].item()  # the host waits for the device
+        return moved
+
+    monkeypatch.setattr(cell_graph, "arrive", arrive_and_read)
+    with virtual_devices() as harness:
+        check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True)
+    summed = [sync for sync in harness.step_syncs if "arrive_and_read" in sync.caller]
+    assert summed and all(sync.cell.startswith("outside the cells (hybrid") for sync in summed), summed[:3]
+    assert harness.syncs == []
 
 
 @pytest.mark.parametrize("mode, options", [

@@ -181,13 +181,16 @@ class VirtualDevices:
     def record_sync(self, op: str, device: Optional[int]) -> None:
         """An op that makes the host wait for ``device``, where a step must
         not: inside a cell (``syncs``), or anywhere else in a group's step
-        on the caller's thread (``step_syncs``: its staging, the backward
-        pass's hand-off, the replicas' reduce; ``thread_state.in_step``)."""
+        (``step_syncs``): on the caller's thread (its staging, the backward
+        pass's hand-off, the replicas' reduce; ``thread_state.in_step``) or
+        on a worker's thread outside its cells (an input's arrival, a
+        gradient's sum, a replica's send), where a worker only ever runs a
+        step's jobs."""
         worker = current_worker()
         if worker is not None and worker.cell is not None:
             with self._lock:
                 self.syncs.append(Sync(op, worker.cell, device, _caller()))
-        elif thread_state.in_step():
+        elif worker is not None or thread_state.in_step():
             with self._lock:
                 self.step_syncs.append(Sync(op, f"outside the cells ({threading.current_thread().name})", device,
                                             _caller()))

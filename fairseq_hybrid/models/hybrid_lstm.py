@@ -32,6 +32,7 @@ from fairseq.models import (
 from torch import Tensor
 
 from ..hybrid_group import HybridGroup, HybridGroupConfig
+from ..parallel import step_scope
 from .attention_softmax import ATTENTION_TYPES, AttentionSoftmax
 from .lstm_stacks import LSTMDecoderStack, LSTMEncoderStack
 
@@ -260,7 +261,8 @@ class HybridLSTMModel(FairseqEncoderDecoderModel):
         the group's devices, all at once."""
         if self.hybrid_group is None:
             return self.attention_softmax_loss(self.forward_rnn(**net_input), target, shard_loss)
-        return self.hybrid_group.loss_sums(net_input, target, shard_loss)
+        with step_scope():  # the host must not wait for a device from the group's first line on
+            return self.hybrid_group.loss_sums(net_input, target, shard_loss)
 
 
 def _set_defaults(cfg, **defaults):
