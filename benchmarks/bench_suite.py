@@ -18,6 +18,7 @@ the systems, and each reports target tokens/s and its peak memory.
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -43,11 +44,16 @@ def system_named(name: str, k: int) -> System:
 GROUP_METRICS = ("group_fill", "chunk_len", "micro_batches")
 
 
-def build_system(data, system: System, k, device):
+HOST_BOUND = "--arch hybrid_lstm_tiny --encoder-layers 4 --decoder-layers 4"
+
+
+def build_system(data, system: System, k, device, model=""):
+    """``model``: fairseq options added to every ``hybrid_lstm`` system's
+    (``--model``; fairseq's own lstm keeps its size)."""
     import torch
 
     devices = ",".join([f"cuda:{i}" for i in range(k)] if device == "cuda" else ["cpu"] * k)
-    args = system.model_args(devices)
+    args = system.model_args(devices) + (model.split() if system.kind != "fairseq_lstm" else [])
     task, model, criterion = build(data, args)
     if device == "cuda" and system.kind != "group":
         model = model.cuda()
@@ -62,7 +68,7 @@ def peak_memory(device, k):
     return {"process (peak RSS)": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def gloo_process(rank, k, data, max_tokens, count, port, global_batch, results):
+def gloo_process(rank, k, data, max_tokens, count, port, global_batch, model, results):
     """One of K processes of plain data parallelism: PyTorch's
     DistributedDataParallel over gloo around the model and its criterion,
     on every K-th batch, or with ``global_batch`` on its share of every
@@ -71,7 +77,7 @@ def gloo_process(rank, k, data, max_tokens, count, port, global_batch, results):
 
     torch.set_num_threads(1)
     ddp_rank.join(rank, k, port)
-    task, model, criterion, _ = build_system(data, System("one device", "one_device"), 1, "cpu")
+    task, model, criterion, _ = build_system(data, System("one device", "one_device"), 1, "cpu", model)
     loss = ddp_rank.ddp_loss(model, criterion)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     samples = batches(task, max_tokens, count + 2)
@@ -94,7 +100,8 @@ def run_one(args):
     k, device = args.devices, args.device
     system = system_named(args.one, k)
     if system.kind == "gloo":
-        rows = spawned(gloo_process, (k, args.data, args.max_tokens, args.batches, args.port, args.global_batch), k)
+        rows = spawned(gloo_process, (k, args.data, args.max_tokens, args.batches, args.port, args.global_batch,
+                                      args.model), k)
         tokens = sum(row[1] for row in rows)
         seconds = max(row[2] for row in rows)
         memory = {f"process {row[0]} (peak RSS)": row[3]["process (peak RSS)"] for row in rows}
@@ -103,7 +110,7 @@ def run_one(args):
     threads = system.threads
     torch.set_num_threads(threads)
     copies = k if system.kind == "copies" else 1
-    systems = [build_system(args.data, system, k, device) for _ in range(copies)]
+    systems = [build_system(args.data, system, k, device, args.model) for _ in range(copies)]
     samples = batches(systems[0][0], args.max_tokens, args.batches + 2)
     totals = [0] * copies
 
@@ -155,12 +162,15 @@ def write_outputs(result, out):
         row["speedup"] = row["target_tokens_per_s"] / base
         row["fraction_of_ceiling"] = row["speedup"] / ceiling
         memory = ", ".join(f"{where} {value:,.0f}" for where, value in row["memory_mib"].items())
-        lines.append(f"| {name} | {row['target_tokens_per_s']:,.0f} | {row['speedup']:.2f}x | "
-                     f"{row['fraction_of_ceiling']:.0%} | {row['target_tokens_per_s'] / lstm:.2f}x | {memory} |")
+        fraction = "" if math.isnan(row["fraction_of_ceiling"]) else f"{row['fraction_of_ceiling']:.0%}"
+        versus_lstm = "" if math.isnan(lstm) else f"{row['target_tokens_per_s'] / lstm:.2f}x"
+        lines.append(f"| {name} | {row['target_tokens_per_s']:,.0f} | {row['speedup']:.2f}x | {fraction} | "
+                     f"{versus_lstm} | {memory} |")
     lines.append("")
     ranks = ("the gloo processes each on a share of every batch (one batch a step)" if result.get("global_batch")
              else "the gloo processes each on every K-th batch (K batches a step)")
-    lines.append(f"{result['device']}, {k} devices, --max-tokens {result['max_tokens']}, {result['rounds']} rounds x "
+    model = f" with `{result['model']}`" if result.get("model") else ""
+    lines.append(f"{result['device']}, {k} devices{model}, --max-tokens {result['max_tokens']}, {result['rounds']} rounds x "
                  f"{result['batches']} batches per system, every system in a fresh process per round; {ranks}; "
                  f"one intra-op thread per device unless the name says otherwise; measured {result['date']}.")
     groups = {name: row["group"] for name, row in rows.items() if row.get("group")}
@@ -169,9 +179,10 @@ def write_outputs(result, out):
                   " | group fill | micro-batches | chunk length |",
                   "| --- |" + " ---: |" * (k + 3)]
         for name, group in groups.items():
-            busy = " | ".join(f"{group.get(f'dev{i}_busy', float('nan')):.0%}" for i in range(k))
+            busy = " | ".join(f"{group[f'dev{i}_busy']:.0%}" if f"dev{i}_busy" in group else "" for i in range(k))
             chosen = " | ".join(f"{group[key]:.2f}" if key in group else "" for key in ("micro_batches", "chunk_len"))
-            lines.append(f"| {name} | {busy} | {group.get('group_fill', float('nan')):.0%} | {chosen} |")
+            fill = f"{group['group_fill']:.0%}" if "group_fill" in group else ""
+            lines.append(f"| {name} | {busy} | {fill} | {chosen} |")
         lines += ["", "Busy: the share of a step's forward and backward wall time a device spent running its cells "
                   "(the engine's `devK_busy`, mean of the steps); fill: their mean. Micro-batches and chunk "
                   "length: the mean of what `auto` chose per step (0: K chunks a sequence), where it chose."]
@@ -193,7 +204,8 @@ def write_outputs(result, out):
     axis.set_yticks(range(len(names)), names)
     axis.invert_yaxis()
     axis.set_xlabel("target tokens/s (training)")
-    axis.set_title(f"hybrid_lstm_base size, Tatoeba ja-en, {k} {result['device']} devices")
+    axis.set_title(f"{result.get('model') or 'hybrid_lstm_base size'}, Tatoeba ja-en, {k} {result['device']} devices",
+                   fontsize=9 if result.get("model") else None)
     for index, value in enumerate(values):
         axis.text(value, index, f" {value:,.0f}", va="center", fontsize=8)
     figure.tight_layout()
@@ -217,8 +229,15 @@ def main(argv=None):
     parser.add_argument("--global-batch", action="store_true",
                         help="the gloo processes split every batch's sentences (one batch a step, as the other "
                         "systems train) instead of each taking every K-th batch")
+    parser.add_argument("--model", default="",
+                        help="fairseq options added to every hybrid_lstm system's, e.g. a size or depth")
+    parser.add_argument("--host-bound", action="store_true",
+                        help=f"the regime a GPU's host is in, where a cell's call is mostly host time: --model "
+                        f"'{HOST_BOUND}'")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.host_bound:
+        args.model = f"{HOST_BOUND} {args.model}".strip()
     if not os.path.isdir(args.data):
         parser.error(f"{args.data}: {NO_DATA}")
     if args.devices < 1 or args.batches < args.devices:
@@ -241,7 +260,7 @@ def main(argv=None):
         for name in names:
             command = [sys.executable, os.path.abspath(__file__), args.data, "--one", name, "--device", args.device,
                        "--devices", str(args.devices), "--max-tokens", str(args.max_tokens),
-                       "--batches", str(args.batches), "--port", str(args.port)] + \
+                       "--batches", str(args.batches), "--port", str(args.port), "--model=" + args.model] + \
                 (["--global-batch"] if args.global_batch else [])
             done = subprocess.run(command, capture_output=True, text=True)
             line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
@@ -259,7 +278,7 @@ def main(argv=None):
             print(f"round {round_index + 1}: {name:48s} {one['tokens'] / one['seconds']:8,.0f} target tokens/s",
                   flush=True)
     result = {"device": args.device, "devices": args.devices, "max_tokens": args.max_tokens,
-              "global_batch": args.global_batch, "batches": args.batches, "rounds": args.rounds,
+              "global_batch": args.global_batch, "batches": args.batches, "rounds": args.rounds, "model": args.model,
               "date": time.strftime("%Y-%m-%d"), "minutes": (time.time() - started) / 60, "placement": "auto", "systems": {}}
     for system in suite_systems(args.devices):
         if system.name not in totals:
@@ -274,12 +293,14 @@ def main(argv=None):
                 name: sum(one[name] for one in total["group"]) / len(total["group"]) for name in total["group"][0]}
     print()
     print(write_outputs(result, args.out))
-    if not args.no_simulation and not args.systems and args.device == "cpu":  # the validation needs every system
+    # the validation needs every system, at the size the simulator prices
+    if not args.no_simulation and not args.systems and not args.model and args.device == "cpu":
         simulator = os.path.join(os.path.dirname(os.path.abspath(__file__)), "simulate_schedule.py")
         subprocess.run([sys.executable, simulator, args.data, "--max-tokens", str(args.max_tokens),
                         "--batches", str(args.batches), "--measured", os.path.join(args.out, "bench.json"),
                         "--json", os.path.join(args.out, "simulation.json")], check=True)
-    print(f"\nwritten: {args.out}/bench.json, bench.md, bench.png" + ("" if args.no_simulation else ", simulation.json"))
+    simulated = not (args.no_simulation or args.systems or args.model) and args.device == "cpu"
+    print(f"\nwritten: {args.out}/bench.json, bench.md, bench.png" + (", simulation.json" if simulated else ""))
     return 0
 
 

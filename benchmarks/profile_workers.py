@@ -28,7 +28,13 @@ from fairseq_hybrid.harness.worker_profile import PROFILE_NAMES, instrument, pro
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=None,
+                        help="a binarized corpus (its dictionaries and batches); default made-up pairs and "
+                        "dictionaries of 40 words")
     parser.add_argument("--arch", default="hybrid_lstm_tiny")
+    parser.add_argument("--loss-chunk-rows", type=int, default=None,
+                        help="--output-loss-chunk-rows (default: the criterion's)")
+    parser.add_argument("--dropout", type=float, default=None, help="default: the architecture's")
     parser.add_argument("--layers", type=int, default=4, help="encoder and decoder layers each")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=1000)

@@ -39,6 +39,23 @@ def test_bench_suite_smoke(binarized, tmp_path):
     assert os.path.getsize(out / "bench.png") > 1000
 
 
+@pytest.mark.benchmark
+def test_bench_suite_host_bound(binarized, tmp_path):
+    """--host-bound: the hybrid_lstm systems at tiny widths and 4 + 4
+    layers, where a cell's call is mostly host time; the table says so."""
+    out = tmp_path / "bench"
+    systems = "hybrid_lstm_base, 1 device;hybrid on 2 devices;hybrid on 2 devices, processes"
+    run(sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), binarized / "bin", "--batches", "2", "--rounds", "1",
+        "--max-tokens", "200", "--host-bound", "--systems", systems, "--out", out, timeout=600)
+    result = json.load(open(out / "bench.json"))
+    assert list(result["systems"]) == systems.split(";")
+    assert result["model"] == "--arch hybrid_lstm_tiny --encoder-layers 4 --decoder-layers 4"
+    table = open(out / "bench.md").read()
+    assert "with `--arch hybrid_lstm_tiny --encoder-layers 4 --decoder-layers 4`" in table
+    assert "nan" not in table  # the columns whose reference did not run are left empty
+    assert not (out / "simulation.json").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.benchmark
 def test_simulate_schedule_smoke(binarized, tmp_path):

@@ -237,8 +237,13 @@ class StageProcesses:
                     total = self.sums.get(position)
                     if total is None or total.shape != param.shape or total.dtype != param.dtype:
                         total = self.sums[position] = torch.empty_like(param)
-                    param.grad = self.lent[position] = total.copy_(grads_of[0])
-                    grads_of = grads_of[1:]
+                    if len(grads_of) > 1 and all(grad.device == param.device for grad in grads_of[:2]):
+                        torch.add(grads_of[0], grads_of[1], out=total)  # one pass over the memory, not two
+                        grads_of = grads_of[2:]
+                    else:
+                        total.copy_(grads_of[0])
+                        grads_of = grads_of[1:]
+                    param.grad = self.lent[position] = total
                 for grad in grads_of:
                     param.grad.add_(grad.to(param.device))
 
