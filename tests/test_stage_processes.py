@@ -222,6 +222,31 @@ def test_a_stage_that_dies_or_fails_ends_the_step_naming_device_and_cell(how, me
     torch.testing.assert_close(criterion(group, sample)[0], criterion(single, sample)[0], rtol=1e-5, atol=0)
 
 
+def test_a_stage_that_dies_in_backward_is_named_with_its_cell(dictionaries, monkeypatch):
+    """The stage says each cell's name before its backward too: one killed
+    there is named with the cell it was in."""
+    from fairseq_hybrid.parallel import cell_graph
+
+    real = cell_graph.CellGraph._backward_cell
+
+    def backward_cell(self, index):
+        if self.cells[index].name == "encoder layer 1 chunk 0" and os.environ.get("HYBRID_TEST_FAULT") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, index)
+
+    monkeypatch.setattr(cell_graph.CellGraph, "_backward_cell", backward_cell)
+    monkeypatch.setenv("HYBRID_TEST_FAULT", "kill")  # set before the stages fork
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_timeout": 60,
+                                                       **PROCESSES})
+    loss = criterion(group, sample)[0]
+    with pytest.raises(WorkerError, match=r"hybrid stage 1 \(cpu\) died \(exit code -9\) in encoder layer 1 "
+                                          r"chunk 0 \(backward\)"):
+        loss.backward()
+    assert group.hybrid_group.stages.processes == []
+
+
 TRAINER = textwrap.dedent("""
     import os, sys, time, signal
     # Ctrl-C as a terminal gives it: a shell that ran this suite in the background leaves SIGINT ignored,

@@ -163,7 +163,7 @@ class CellGraph:
         for ref, grad in grads.items():
             self.grads.setdefault(ref, {})[self.MAIN] = (grad, None)
         self.channel.start(self, "backward")
-        self._run_backward(self.orders[worker][::-1])
+        self._run_backward(self.orders[worker][::-1], announce=True)
         self.channel.finish(self, "backward")
 
     def output(self, ref: Ref) -> Tensor:
@@ -231,13 +231,16 @@ class CellGraph:
         self.channel.produced(self, index)
         self.forward_done[index].set()
 
-    def _run_backward(self, order: List[int]) -> None:
+    def _run_backward(self, order: List[int], announce: bool = False) -> None:
         # this thread runs each cell's whole backward itself (see the module
-        # docstring); the setting is the thread's own
+        # docstring); the setting is the thread's own.  ``announce``: tell the
+        # channel each cell's name first (a stage's trainer names it if it dies)
         previous = torch._C._is_multithreading_enabled()
         torch._C._set_multithreading_enabled(False)
         try:
             for index in order:
+                if announce:
+                    self.channel.say(f"{self.cells[index].name} (backward)")
                 self._backward_cell(index)
         finally:
             torch._C._set_multithreading_enabled(previous)
