@@ -148,8 +148,8 @@ def _add_encoder(step: StepBuilder, batch: StagedBatch):
                     return encoder.run_chunk(layer, x, sorted_lengths, start, state, layout)
 
                 state_refs = [] if previous is None else [step.ref(previous, "h"), step.ref(previous, "c")]
-                tokens = int((sorted_lengths - chunk.start).clamp(min=0, max=chunk.stop - chunk.start).sum())
-                work = Work("lstm", tokens, (module.input_size, module.hidden_size, chunk.stop - chunk.start))
+                work = Work("lstm", batch.chunk_tokens[c], (module.input_size, module.hidden_size,
+                                                            chunk.stop - chunk.start))
                 mask = pick(lambda m, layer=layer, chunk=chunk: m.encoder[layer][order][:, chunk],
                             plan.encoder_device(layer))
                 previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs,

@@ -118,6 +118,11 @@ class StagedBatch:
         self.source_tokens = int(self.sorted_lengths.sum())
         self.rows = src_tokens.size(0)
         self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
+        # the source tokens each time chunk runs over (for the cost models), once for every layer
+        starts = torch.tensor([chunk.start for chunk in self.source_chunks])
+        widths = torch.tensor([chunk.stop - chunk.start for chunk in self.source_chunks])
+        self.chunk_tokens = torch.minimum((self.sorted_lengths[None, :] - starts[:, None]).clamp(min=0),
+                                          widths[:, None]).sum(1).tolist()
         self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
         # the target chunks each attention-softmax cell takes, and the time steps they span
         self.softmax_groups = softmax_groups(len(self.target_chunks), softmax_chunks)
@@ -129,21 +134,22 @@ class StagedBatch:
         self.masks = masks
 
         # The batch on the devices of the cells that read it.
-        self.sorted_source = arrive(src_tokens.index_select(0, self.order), plan.encoder_device(0))
+        self.sorted_source = arrive(src_tokens.index_select(0, self.order), plan.encoder_device(0)) \
+            if only is None or only == plan.encoder[0] else None
         self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
         self.restore_on = to_devices(self.restore, devices)
         # The packed layout of the encoder's rows, whole (the directions of a
         # bidirectional layer) and per time chunk (the rows still running),
         # sent with the batch: one gather per cell instead of a copy per step
-        # (none for a worker that runs no encoder layer).
-        runs_encoder = only is None or only in encoder_workers(model, plan)
+        # (each only for a worker whose cells read it).
+        runs = encoder_workers(model, plan)
         self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
-                                             devices) if runs_encoder else {}
+                                             devices) if only is None or only in runs.reverse else {}
         self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices) \
-            if runs_encoder else {}
+            if only is None or only in runs.directions else {}
         self.chunk_layouts = [_packed_layouts(chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start),
                                              chunk.stop - chunk.start, self.rows, devices)
-                              if runs_encoder else _Absent() for chunk in self.source_chunks]
+                              if only is None or only in runs.chunks else _Absent() for chunk in self.source_chunks]
         padding_mask = src_tokens.eq(encoder.padding_idx)
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
@@ -175,8 +181,18 @@ class _Absent(dict):
         return None
 
 
-def encoder_workers(model, plan: DevicePlan) -> set:
-    """The workers that run an encoder layer, or a reverse direction of one."""
+class EncoderWorkers(NamedTuple):
+    """Which workers run which encoder cells: a direction of a bidirectional
+    layer, its reverse direction, a time chunk of a unidirectional layer."""
+
+    directions: set
+    reverse: set
+    chunks: set
+
+
+def encoder_workers(model, plan: DevicePlan) -> EncoderWorkers:
     layers = model.encoder.stack.layers
-    return set(plan.encoder) | {plan.reverse_worker(layer) for layer, module in enumerate(layers)
-                                if module.bidirectional}
+    bidirectional = [layer for layer, module in enumerate(layers) if module.bidirectional]
+    reverse = {plan.reverse_worker(layer) for layer in bidirectional}
+    return EncoderWorkers({plan.encoder[layer] for layer in bidirectional} | reverse, reverse,
+                          {plan.encoder[layer] for layer, module in enumerate(layers) if not module.bidirectional})
