@@ -23,7 +23,7 @@ import tempfile
 
 import torch
 
-from fairseq_hybrid.harness.worker_profile import PROFILE_NAMES, instrument, profile_top, render, run
+from fairseq_hybrid.harness.worker_profile import PROFILE_NAMES, build_shares, instrument, profile_top, render, run
 
 
 def main(argv=None) -> int:
@@ -68,13 +68,14 @@ def main(argv=None) -> int:
             os.remove(path)
         print(f"{name}: {results[name]['tokens_per_s']:,.0f} target tokens/s", flush=True)
     shutil.rmtree(folder, ignore_errors=True)
-    report = render(results, args)
+    builds = build_shares(args)
+    report = render(results, args, builds)
     print(report)
     if args.out:
         with open(args.out, "w") as out:
             out.write(report)
         with open(os.path.splitext(args.out)[0] + ".json", "w") as out:
-            json.dump({"args": vars(args), "results": results}, out, indent=1)
+            json.dump({"args": vars(args), "results": results, "builds": builds}, out, indent=1)
     return 0
 
 

@@ -284,3 +284,6 @@ def test_profile_workers_smoke(tmp_path):
             profiled = report[name]["profiled"][stage.replace(" ", "")]
             assert profiled["build"] == pytest.approx(report[name]["stages"][stage[-1]]["build"], rel=0.5)
     assert "| processes |" in out.read_text()
+    builds = json.load(open(tmp_path / "profile.json"))["builds"]
+    assert [row["k"] for row in builds] == [2]  # 2 layers: a group of 4 has no place
+    assert len(builds[0]["workers_ms"]) == 2 and builds[0]["goal_share"] == pytest.approx(0.6)

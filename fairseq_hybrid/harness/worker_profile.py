@@ -305,6 +305,42 @@ PROFILE_NAMES = [
 ]
 
 
+def build_shares(args, groups=(2, 4), repeats: int = 30) -> list:
+    """Each worker's build of its own cells against the whole step's (what
+    threads build once), for groups of K CPU devices: milliseconds, median
+    of ``repeats`` builds of each of a few batches."""
+    import statistics
+    import timeit
+
+    from fairseq_hybrid.harness.stand_ins import build_model
+    from fairseq_hybrid.parallel import build_step
+    from fairseq_hybrid.parallel.device_plan import build_plan
+
+    if getattr(args, "data", None):
+        from fairseq_hybrid.harness.measuring import batches, task_of
+
+        task = task_of(args.data)
+        src_dict, tgt_dict, samples = task.source_dictionary, task.target_dictionary, batches(task, args.max_tokens, 4)
+    else:
+        src_dict, tgt_dict, samples = make_batches(4, args.max_tokens)
+    model = build_model(args.arch, src_dict, tgt_dict, encoder_layers=args.layers, decoder_layers=args.layers)
+    rows = []
+    for k in [k for k in groups if k <= args.layers]:  # a group has at most a device per layer
+        plan = build_plan(",".join(["cpu"] * k), "", "hybrid", args.layers, args.layers)
+
+        def median_ms(worker):
+            times = [timeit.timeit(lambda: build_step(model, plan, sample["net_input"], sample["target"], None,
+                                                      worker=worker), number=repeats) / repeats
+                     for sample in samples]
+            return 1000 * statistics.median(times)
+
+        whole = median_ms(None)
+        workers = [median_ms(worker) for worker in range(k)]
+        rows.append({"k": k, "whole_ms": whole, "workers_ms": workers, "largest_share": max(workers) / whole,
+                     "goal_share": 1 / k + 0.1})
+    return rows
+
+
 def cpu_name() -> str:
     """The CPU as ``lscpu`` names it: model name, family and model."""
     fields = {}
@@ -318,7 +354,7 @@ def cpu_name() -> str:
     return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
-def render(results, args) -> str:
+def render(results, args, builds=()) -> str:
     steps = args.steps
     lines = [f"# Where a group's step goes, per worker ({args.arch}, {args.layers} + {args.layers} layers, "
              f"{args.devices} CPU devices)", "",
@@ -332,6 +368,15 @@ def render(results, args) -> str:
         threads = results["threads"]["tokens_per_s"]
         lines.append(f"| {name} | {result['tokens_per_s']:,.0f} | {result['tokens_per_s'] / base:.2f}x | "
                      f"{result['tokens_per_s'] / threads:.2f}x |")
+    if builds:
+        lines += ["", "A worker's build of its own cells against the whole step's (threads build it once), "
+                  "plain CPU devices, median of repeated builds:", "",
+                  "| K | whole step ms | each worker's ms | largest share | goal: 1/K + 10% |",
+                  "| ---: | ---: | --- | ---: | ---: |"]
+        for row in builds:
+            lines.append(f"| {row['k']} | {row['whole_ms']:.2f} | "
+                         f"{', '.join(f'{ms:.2f}' for ms in row['workers_ms'])} | {row['largest_share']:.2f} | "
+                         f"{row['goal_share']:.2f} |")
     bounds = [(name, result) for name, result in results.items() if result.get("bound")]
     if bounds:
         threads = results["threads"]
