@@ -45,8 +45,8 @@ from .worker import WorkerError, WorkerTimeout
 
 START_SECONDS = 120.0  # for every stage to be up (spawn imports torch and fairseq)
 ACTIVITY_BYTES = 256
-GRACE = 2.0
-STORE_PREFIX = "fairseq-hybrid-stages-"  # then the trainer's process id: a folder per group on GPUs  # seconds the other stages have to report, after a first failure
+GRACE = 2.0  # seconds the other stages have to report, after a first failure
+STORE_PREFIX = "fairseq-hybrid-stages-"  # then the trainer's process id: a folder per group on GPUs
 
 
 class StageProcesses:
@@ -153,14 +153,13 @@ class StageProcesses:
         masks = None
         if shape.single_device_masks:  # drawn here, from the trainer's generator, as one device draws them
             masks = self.draw_masks(self.model, net_input["src_tokens"].size(1),
-                                             net_input["prev_output_tokens"].size(1), target.size(0))
+                                    net_input["prev_output_tokens"].size(1), target.size(0))
         grad_enabled = torch.is_grad_enabled()
         seed = int(torch.randint(0, 1 << 62, ()).item()) if grad_enabled else 0
         step = {"net_input": on_host(net_input),
                 "target": host_of(target), "shard_loss": shard_loss, "chunk_length": shape.chunk_length,
                 "micro_batches": shape.micro_batches, "softmax_chunks": shape.softmax_chunks, "masks": masks,
-                "seed": seed,
-                "grad_enabled": grad_enabled, "autocast": capture().autocast, "training": self.model.training}
+                "seed": seed, "grad_enabled": grad_enabled, "autocast": capture().autocast, "training": self.model.training}
         try:
             message = plain_tensors.dumps(("forward", step))
         except (pickle.PicklingError, TypeError, AttributeError) as error:
