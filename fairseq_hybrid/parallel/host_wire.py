@@ -15,7 +15,8 @@ it now (the stage writes it itself); the receiver reads straight into the
 tensor's memory.
 
 It has :class:`.p2p.Transport`'s face (``expect``, ``send``, ``take``,
-``flush``, ``sent``, ``close``), so a stage uses either.
+``flush``, ``sent``, ``close``; the in-order taking is their shared
+:class:`.p2p.InOrder`), so a stage uses either.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ import pickle
 import queue
 import termios
 import threading
-from collections import deque
-from typing import Deque, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, Hashable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .p2p import DTYPES, PeerLost
+from .p2p import DTYPES, InOrder, PeerLost
 
 
 def wire_ends(context, size: int) -> List[Tuple[Dict[int, object], Dict[int, object]]]:
@@ -113,7 +113,7 @@ class _Sender(threading.Thread):
                 self.queue.task_done()
 
 
-class HostWire:
+class HostWire(InOrder):
     """This stage's messages to and from the other stages, through pipes."""
 
     def __init__(self, rank: int, outgoing: Dict[int, object], incoming: Dict[int, object]):
@@ -125,11 +125,6 @@ class HostWire:
         self.sent = [0, 0]  # messages and tensor bytes sent so far
         self.expected: Dict[int, Deque[Hashable]] = {}
         self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
-
-    def expect(self, peer: int, keys: Sequence[Hashable]) -> None:
-        """The keys of the messages ``peer`` will send this stage, in its order."""
-        self.expected[peer] = deque(keys)
-        self.inbox[peer] = {}
 
     def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False) -> None:
         sender = self.senders[peer]
@@ -158,16 +153,6 @@ class HostWire:
         except (EOFError, OSError) as error:
             raise PeerLost(f"a message from stage {peer} failed: {error!r}") from error
         return tensor, requires_grad
-
-    def take(self, peer: int, key: Hashable) -> Tuple[Optional[Tensor], bool]:
-        """The message ``key`` from ``peer`` (receiving the ones it sends
-        before it) and whether its tensor needs a gradient."""
-        inbox, expected = self.inbox[peer], self.expected[peer]
-        while key not in inbox:
-            if not expected:
-                raise RuntimeError(f"stage {self.rank} waits for {key!r} from stage {peer}, which sends no more")
-            inbox[expected.popleft()] = self._receive(peer)
-        return inbox.pop(key)
 
     def flush(self) -> None:
         """Wait until every send of this pass is written."""

@@ -42,7 +42,34 @@ class PeerLost(RuntimeError):
     (the trainer names the stage whose failure was the cause)."""
 
 
-class Transport:
+class InOrder:
+    """What both wires share: a peer's messages taken in the order it sends
+    them, those not needed yet kept (``_receive`` reads the next one)."""
+
+    rank: int
+    expected: Dict[int, Deque[Hashable]]
+    inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]]
+
+    def expect(self, peer: int, keys: Sequence[Hashable]) -> None:
+        """The keys of the messages ``peer`` will send this stage, in its order."""
+        self.expected[peer] = deque(keys)
+        self.inbox[peer] = {}
+
+    def take(self, peer: int, key: Hashable) -> Tuple[Optional[Tensor], bool]:
+        """The message ``key`` from ``peer`` (receiving the ones it sends
+        before it) and whether its tensor needs a gradient."""
+        inbox, expected = self.inbox[peer], self.expected[peer]
+        while key not in inbox:
+            if not expected:
+                raise RuntimeError(f"stage {self.rank} waits for {key!r} from stage {peer}, which sends no more")
+            inbox[expected.popleft()] = self._receive(peer)
+        return inbox.pop(key)
+
+    def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
+        raise NotImplementedError
+
+
+class Transport(InOrder):
     """This stage's messages to and from the other stages of its group."""
 
     def __init__(self, rank: int, size: int, store, device: torch.device, timeout: float,
@@ -63,11 +90,6 @@ class Transport:
         self.sent = [0, 0]  # messages and tensor bytes sent so far (what a step costs the transport)
         self.expected: Dict[int, Deque[Hashable]] = {}
         self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
-
-    def expect(self, peer: int, keys: Sequence[Hashable]) -> None:
-        """The keys of the messages ``peer`` will send this stage, in its order."""
-        self.expected[peer] = deque(keys)
-        self.inbox[peer] = {}
 
     def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False) -> None:
         header = torch.full((HEADER,), -1, dtype=torch.int64)
@@ -95,16 +117,6 @@ class Transport:
         tensor = torch.empty(shape, dtype=DTYPES[dtype], device="cpu" if self.staged else self.device)
         _wait(self.data.recv([tensor], peer, TAG), peer)
         return (tensor.to(self.device) if self.staged else tensor), bool(requires_grad)
-
-    def take(self, peer: int, key: Hashable) -> Tuple[Optional[Tensor], bool]:
-        """The message ``key`` from ``peer`` (receiving the ones it sends
-        before it) and whether its tensor needs a gradient."""
-        inbox, expected = self.inbox[peer], self.expected[peer]
-        while key not in inbox:
-            if not expected:
-                raise RuntimeError(f"stage {self.rank} waits for {key!r} from stage {peer}, which sends no more")
-            inbox[expected.popleft()] = self._receive(peer)
-        return inbox.pop(key)
 
     def flush(self) -> None:
         """Wait until every send of this pass is done."""
