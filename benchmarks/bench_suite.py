@@ -68,7 +68,7 @@ def peak_memory(device, k):
     return {"process (peak RSS)": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def gloo_process(rank, k, data, max_tokens, count, port, global_batch, model, results):
+def gloo_process(rank, k, data, max_tokens, count, port, global_batch, model_args, results):
     """One of K processes of plain data parallelism: PyTorch's
     DistributedDataParallel over gloo around the model and its criterion,
     on every K-th batch, or with ``global_batch`` on its share of every
@@ -77,7 +77,7 @@ def gloo_process(rank, k, data, max_tokens, count, port, global_batch, model, re
 
     torch.set_num_threads(1)
     ddp_rank.join(rank, k, port)
-    task, model, criterion, _ = build_system(data, System("one device", "one_device"), 1, "cpu", model)
+    task, model, criterion, _ = build_system(data, System("one device", "one_device"), 1, "cpu", model_args)
     loss = ddp_rank.ddp_loss(model, criterion)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     samples = batches(task, max_tokens, count + 2)
@@ -294,12 +294,12 @@ def main(argv=None):
     print()
     print(write_outputs(result, args.out))
     # the validation needs every system, at the size the simulator prices
-    if not args.no_simulation and not args.systems and not args.model and args.device == "cpu":
+    simulated = not (args.no_simulation or args.systems or args.model) and args.device == "cpu"
+    if simulated:
         simulator = os.path.join(os.path.dirname(os.path.abspath(__file__)), "simulate_schedule.py")
         subprocess.run([sys.executable, simulator, args.data, "--max-tokens", str(args.max_tokens),
                         "--batches", str(args.batches), "--measured", os.path.join(args.out, "bench.json"),
                         "--json", os.path.join(args.out, "simulation.json")], check=True)
-    simulated = not (args.no_simulation or args.systems or args.model) and args.device == "cpu"
     print(f"\nwritten: {args.out}/bench.json, bench.md, bench.png" + (", simulation.json" if simulated else ""))
     return 0
 

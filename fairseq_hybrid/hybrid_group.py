@@ -24,7 +24,8 @@ from torch import Tensor
 
 from .parallel import (AUTO, DEFAULT_TIMEOUT, MODES, DevicePlan, DevicePlanError, DeviceUsage, ModelReplicas,
                        StageProcesses, StepShape, WorkerThreads, build_plan, build_step, check_options,
-                       chunk_length_option, draw_single_device_masks, micro_batches_option, plan_table, softmax_chunks_option, step_scope)
+                       chunk_length_option, draw_single_device_masks, micro_batches_option, plan_table,
+                       softmax_chunks_option, step_scope)
 from .planning import ChunkLengthChooser, CostModel, auto_placement
 
 logger = logging.getLogger(__name__)

@@ -19,6 +19,15 @@ import torch
 
 TIMERS = defaultdict(float)
 COUNTS = defaultdict(int)
+PROFILERS = {}  # each process's cProfile, by process id
+TRACE = []  # a stage's record_cell_times context and its list
+PROFILE_FROM = [0]  # the stages' backward pass after which their profile starts
+DUMP_AT = [0]  # the stages' backward pass after which they write their profiles (set before they fork)
+
+
+# what both wires' messages are timed by: (method, label)
+WIRE_PARTS = (("_receive", "messages: receive (waits for the peer)"), ("send", "messages: send"),
+              ("flush", "messages: flush"))
 
 
 def timed(owner, name: str, label: str) -> None:
@@ -46,15 +55,11 @@ def instrument(folder: str) -> None:
 
     timed(hybrid_group, "build_step", "build")  # the threads' build, and what the group hands its stages
     timed(step, "stage_step", "build: staging")
-    for module in (step,):
-        timed(module, "hybrid_cells", "build: cells")
-        timed(module, "data_parallel_cells", "build: cells")
-    timed(p2p.Transport, "_receive", "messages: receive (waits for the peer)")
-    timed(p2p.Transport, "send", "messages: send")
-    timed(p2p.Transport, "flush", "messages: flush")
-    timed(host_wire.HostWire, "_receive", "messages: receive (waits for the peer)")
-    timed(host_wire.HostWire, "send", "messages: send")
-    timed(host_wire.HostWire, "flush", "messages: flush")
+    timed(step, "hybrid_cells", "build: cells")
+    timed(step, "data_parallel_cells", "build: cells")
+    for wire in (p2p.Transport, host_wire.HostWire):
+        for function, label in WIRE_PARTS:
+            timed(wire, function, label)
     timed(cell_graph.CellGraph, "_forward_cell", "cells: forward (with inputs)")
     timed(cell_graph.CellGraph, "_backward_cell", "cells: backward (with inputs)")
     timed(stage.Stage, "forward", "stage: forward command")
@@ -110,10 +115,6 @@ def instrument(folder: str) -> None:
         return original_main(*args, **kwargs)
 
     stage_processes.stage_main = stage_main
-
-
-PROFILERS = {}
-TRACE = []  # a stage's record_cell_times context and its list
 
 
 def write_cell_times(folder: str, me: int, graph, timed: bool) -> None:
@@ -188,14 +189,12 @@ def cell_bound(folder: str, devices: int) -> dict:
     count = max(1, len(steps))
     return {"critical_path_ms": 1000 * sum(paths) / count, "busiest_worker_ms": 1000 * sum(busiest) / count,
             "steps": len(steps)}
-PROFILE_FROM = [0]  # the stages' backward pass after which their profile starts
-DUMP_AT = [0]  # the stages' backward pass after which they write their profiles (set before they fork)
 
 
 def make_batches(count: int, max_tokens: int, seed: int = 1):
-    """Synthetic sentence pairs of 3-20 tokens in batches of at most
-    ``max_tokens`` (source or target, padded), sorted by length as fairseq's
-    batches are."""
+    """Made-up sentence pairs of 3-20 tokens in batches of at most
+    ``max_tokens`` (source or target, padded), each batch's sentences of
+    about one length, as fairseq's length-sorted batches are."""
     from fairseq_hybrid.harness.stand_ins import make_dictionary, make_sample
 
     src_dict, tgt_dict = make_dictionary(), make_dictionary(37)
@@ -210,6 +209,17 @@ def make_batches(count: int, max_tokens: int, seed: int = 1):
     return src_dict, tgt_dict, samples
 
 
+def corpus(args, count: int):
+    """The dictionaries and ``count`` batches: of the binarized corpus
+    ``args.data`` as fairseq draws them, or made up."""
+    if not getattr(args, "data", None):
+        return make_batches(count, args.max_tokens)
+    from fairseq_hybrid.harness.measuring import batches, task_of
+
+    task = task_of(args.data)
+    return task.source_dictionary, task.target_dictionary, batches(task, args.max_tokens, count)
+
+
 def run(workers: str, devices: int, args, folder: str):
     """Time ``args.steps`` steps after ``args.warmup``; every process's
     timers and profiles of the timed steps only."""
@@ -218,14 +228,7 @@ def run(workers: str, devices: int, args, folder: str):
     from fairseq_hybrid.timing.training_steps import backward_step
 
     torch.manual_seed(0)
-    if getattr(args, "data", None):  # a binarized corpus: its dictionaries and fairseq's batches
-        from fairseq_hybrid.harness.measuring import batches, task_of
-
-        task = task_of(args.data)
-        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-        samples = batches(task, args.max_tokens, args.warmup + args.steps)
-    else:
-        src_dict, tgt_dict, samples = make_batches(args.warmup + args.steps, args.max_tokens)
+    src_dict, tgt_dict, samples = corpus(args, args.warmup + args.steps)
     options = {"encoder_layers": args.layers, "decoder_layers": args.layers}
     if getattr(args, "dropout", None) is not None:
         options["dropout"] = args.dropout
@@ -296,9 +299,7 @@ def profile_top(path: str, names) -> dict:
 
 PROFILE_NAMES = [
     ("build", "parallel/step.py", "build_step"),
-    *[(label, f"parallel/{wire}.py", function) for wire in ("p2p", "host_wire") for label, function in (
-        ("messages: receive (waits for the peer)", "_receive"), ("messages: send", "send"),
-        ("messages: flush", "flush"))],
+    *[(label, f"parallel/{wire}.py", function) for wire in ("p2p", "host_wire") for function, label in WIRE_PARTS],
     ("cells: forward (with inputs)", "parallel/cell_graph.py", "_forward_cell"),
     ("cells: backward (with inputs)", "parallel/cell_graph.py", "_backward_cell"),
     ("trainer: waits for the stages", "parallel/stage_processes.py", "_replies"),
@@ -316,13 +317,7 @@ def build_shares(args, groups=(2, 4), repeats: int = 30) -> list:
     from fairseq_hybrid.parallel import build_step
     from fairseq_hybrid.parallel.device_plan import build_plan
 
-    if getattr(args, "data", None):
-        from fairseq_hybrid.harness.measuring import batches, task_of
-
-        task = task_of(args.data)
-        src_dict, tgt_dict, samples = task.source_dictionary, task.target_dictionary, batches(task, args.max_tokens, 4)
-    else:
-        src_dict, tgt_dict, samples = make_batches(4, args.max_tokens)
+    src_dict, tgt_dict, samples = corpus(args, 4)
     model = build_model(args.arch, src_dict, tgt_dict, encoder_layers=args.layers, decoder_layers=args.layers)
     rows = []
     for k in [k for k in groups if k <= args.layers]:  # a group has at most a device per layer
@@ -363,9 +358,8 @@ def render(results, args, builds=()) -> str:
              f"{'the training split of ' + args.data if getattr(args, 'data', None) else '3-20-token pairs'}, Adam; {cpu_name()}, "
              f"{os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}.", "",
              "| workers | target tokens/s | vs one device | vs threads |", "| --- | ---: | ---: | ---: |"]
-    base = results["one device"]["tokens_per_s"]
+    base, threads = results["one device"]["tokens_per_s"], results["threads"]["tokens_per_s"]
     for name, result in results.items():
-        threads = results["threads"]["tokens_per_s"]
         lines.append(f"| {name} | {result['tokens_per_s']:,.0f} | {result['tokens_per_s'] / base:.2f}x | "
                      f"{result['tokens_per_s'] / threads:.2f}x |")
     if builds:
@@ -399,7 +393,6 @@ def render(results, args, builds=()) -> str:
             lines.append(f"| {name} | {bound['critical_path_ms']:.1f} | {bound['busiest_worker_ms']:.1f} | "
                          f"{outside_ms:.1f} | {1000 * result['seconds'] / steps:.1f} | {threads_ms:.1f} | "
                          f"{threads_ms / best:.2f}x |")
-            bound["best_step_ms"], bound["outside_ms"] = best, outside_ms
     lines += ["", ("Milliseconds a step by the wrapped timers; beside them, cProfile's cumulative time of the same "
                "functions (each process's main thread: a worker thread's cells are not in it):"), ""]
     for name in [name for name in results if name != "one device"]:

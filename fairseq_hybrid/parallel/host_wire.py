@@ -87,14 +87,17 @@ class _Sender(threading.Thread):
         size = len(description) + (0 if data is None else data.nbytes) + 2 * FRAME
         unread = _unread(self.conn) if self.queue.unfinished_tasks == 0 and size <= self.capacity else None
         if unread is not None and size <= self.capacity - unread:
-            try:
-                self.conn.send_bytes(description)
-                if data is not None:
-                    self.conn.send_bytes(data)
-            except (OSError, ValueError) as error:
-                self.error = error
-            return
-        self.queue.put((description, data))
+            self._write(description, data)
+        else:
+            self.queue.put((description, data))
+
+    def _write(self, description: bytes, data) -> None:
+        try:
+            self.conn.send_bytes(description)
+            if data is not None:
+                self.conn.send_bytes(data)
+        except (OSError, ValueError) as error:  # the peer has ended
+            self.error = error
 
     def run(self) -> None:
         while True:
@@ -103,12 +106,7 @@ class _Sender(threading.Thread):
                 if item is None:
                     return
                 if self.error is None:
-                    description, data = item
-                    self.conn.send_bytes(description)
-                    if data is not None:
-                        self.conn.send_bytes(data)
-            except (OSError, ValueError) as error:  # the peer has ended
-                self.error = error
+                    self._write(*item)
             finally:
                 self.queue.task_done()
 

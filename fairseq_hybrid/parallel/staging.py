@@ -63,10 +63,16 @@ def stage_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Te
     pieces = step_rows(plan, net_input, target, micro_batches, pad)
     if plan.mode == "data":
         return StagedStep([], [_stage_shard(net_input, target, masks, worker, rows, plan.devices[worker], pad)
-                               if only is None or worker == only else StagedShard(worker, rows, {}, None, None, None)
+                               if reads(only, {worker}) else StagedShard(worker, rows, {}, None, None, None)
                                for worker, rows in pieces[0].shards])
     return StagedStep([StagedBatch(model, plan, part, chunk_length, softmax_chunks, only)
                        for part in micro_batches_of(net_input, target, masks, pieces)], [])
+
+
+def reads(only: Optional[int], workers) -> bool:
+    """Whether the worker staged for (``only``; None: every worker) runs a
+    cell of ``workers``, and so reads what those cells read."""
+    return only is None or only in workers
 
 
 def _stage_shard(net_input: Dict[str, Tensor], target: Tensor, masks: Optional[SingleDeviceMasks], worker: int,
@@ -135,7 +141,7 @@ class StagedBatch:
 
         # The batch on the devices of the cells that read it.
         self.sorted_source = arrive(src_tokens.index_select(0, self.order), plan.encoder_device(0)) \
-            if only is None or only == plan.encoder[0] else None
+            if reads(only, {plan.encoder[0]}) else None
         self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
         self.restore_on = to_devices(self.restore, devices)
         # The packed layout of the encoder's rows, whole (the directions of a
@@ -144,17 +150,17 @@ class StagedBatch:
         # (each only for a worker whose cells read it).
         runs = encoder_workers(model, plan)
         self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
-                                             devices) if only is None or only in runs.reverse else {}
+                                             devices) if reads(only, runs.reverse) else {}
         self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices) \
-            if only is None or only in runs.directions else {}
+            if reads(only, runs.directions) else {}
         self.chunk_layouts = [_packed_layouts(chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start),
                                              chunk.stop - chunk.start, self.rows, devices)
-                              if only is None or only in runs.chunks else _Absent() for chunk in self.source_chunks]
+                              if reads(only, runs.chunks) else _Absent() for chunk in self.source_chunks]
         padding_mask = src_tokens.eq(encoder.padding_idx)
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
         for rows, worker, device in zip(self.shards, self.shard_workers, self.shard_devices):
-            if only is not None and worker != only:  # another worker's shard
+            if not reads(only, {worker}):  # another worker's shard
                 self.padding_masks.append(None)
                 self.targets.append(None)
                 self.kept.append(None)

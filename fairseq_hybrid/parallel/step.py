@@ -52,9 +52,6 @@ class WorkerThreads:
                            softmax_chunks=shape.softmax_chunks)
         return run_step(built, self.timeout, report_usage)
 
-    def close(self) -> None:
-        """Nothing to end: the workers are the group's threads."""
-
 
 def build_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                chunk_length: int = 0, micro_batches: int = 1, replicas: Optional[ModelReplicas] = None,
