@@ -107,8 +107,8 @@ def ops_per_cell(chunk_length: int, sentences: int, length: int) -> Tuple[
     the ops a cell of each kind calls most, by name (which kernels a
     device's LSTM really runs: one cuDNN call, or a loop over time steps),
     on one device (a dispatch mode entered by every job)."""
-    from fairseq_hybrid.parallel import thread_state
-    from fairseq_hybrid.parallel.worker import current_worker
+    from fairseq_hybrid.parallel.runtime import thread_state
+    from fairseq_hybrid.parallel.runtime.worker import current_worker
 
     counts: Dict[str, List[int]] = defaultdict(list)
     current = {}

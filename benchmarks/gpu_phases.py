@@ -378,7 +378,7 @@ def step_without_waits(devices):
     from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
     from fairseq_hybrid.harness.measuring import on_device
     from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
-    from fairseq_hybrid.parallel.host_batch import keep_on_host
+    from fairseq_hybrid.parallel.runtime.host_batch import keep_on_host
 
     src_dict, tgt_dict = make_dictionary(), make_dictionary(37)
     model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, hybrid_devices=",".join(devices),

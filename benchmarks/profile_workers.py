@@ -50,14 +50,14 @@ def main(argv=None) -> int:
     folder = tempfile.mkdtemp(prefix="profile-workers-")
     instrument(folder)
     results = {}
-    from fairseq_hybrid.parallel import stage_processes
+    from fairseq_hybrid.parallel.processes import stage_processes
 
     pipes = stage_processes.wire_ends
     for name in ("one device", "threads", "processes", "processes, gloo wire"):
         devices = 1 if name == "one device" else args.devices
         workers = name.split(",")[0]
         # the stages' wire: pipes between host-memory stages (host_wire.py), or gloo's point-to-point
-        # (p2p.py), which CPU stages used before
+        # (parallel/processes/gpu_wire.py), which CPU stages used before
         stage_processes.wire_ends = pipes if name == "processes" else lambda context, size: [None] * size
         results[name] = run(workers, devices, args, folder)
         results[name]["profiled"] = {}

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from typing import NamedTuple
 
-from fairseq_hybrid.parallel import cell_graph, replicas, transport, worker
+from fairseq_hybrid.parallel.runtime import cell_graph, replicas, stream_handoff, worker
 
 
 class Mutation(NamedTuple):
@@ -33,24 +33,24 @@ MUTATIONS = [
              "self.events[index] = record_event(device)", "self.events[index] = None"),
     Mutation("cell backward event", cell_graph.CellGraph, "_backward_cell",
              "event = record_event(device) if leaves else None", "event = None"),
-    Mutation("same-device wait_event", transport, "arrive", "stream.wait_event(event)", occurrence=0),
-    Mutation("same-device record_stream", transport, "arrive", "record_stream(value, stream)", occurrence=0),
-    Mutation("host read synchronize", transport, "arrive", "event.synchronize()  # a GPU tensor read on the host"),
-    Mutation("copy stream wait_event", transport, "arrive", "stream.wait_event(event)", occurrence=1),
-    Mutation("copy stream wait_stream", transport, "arrive", "stream.wait_stream(default_stream(source))"),
-    Mutation("copy stream with", transport, "arrive", "with use_stream(stream):", "if True:"),
-    Mutation("copy stream record_stream", transport, "arrive", "record_stream(value, stream)", occurrence=1),
+    Mutation("same-device wait_event", stream_handoff, "arrive", "stream.wait_event(event)", occurrence=0),
+    Mutation("same-device record_stream", stream_handoff, "arrive", "record_stream(value, stream)", occurrence=0),
+    Mutation("host read synchronize", stream_handoff, "arrive", "event.synchronize()  # a GPU tensor read on the host"),
+    Mutation("copy stream wait_event", stream_handoff, "arrive", "stream.wait_event(event)", occurrence=1),
+    Mutation("copy stream wait_stream", stream_handoff, "arrive", "stream.wait_stream(default_stream(source))"),
+    Mutation("copy stream with", stream_handoff, "arrive", "with use_stream(stream):", "if True:"),
+    Mutation("copy stream record_stream", stream_handoff, "arrive", "record_stream(value, stream)", occurrence=1),
     Mutation("job start wait", worker.Worker, "_run_job",
-             "stream.wait_stream(transport.default_stream(self.device))  # the caller's work comes first"),
-    Mutation("job end wait", worker.Worker, "_run_job", "transport.default_stream(self.device).wait_stream(stream)"),
-    Mutation("worker stream with", worker.Worker, "_run_job", "with transport.use_stream(stream):", "if True:"),
-    Mutation("prefetch event", replicas.Replicas, "prefetch", "self.ready[worker] = transport.record_event(device)",
+             "stream.wait_stream(stream_handoff.default_stream(self.device))  # the caller's work comes first"),
+    Mutation("job end wait", worker.Worker, "_run_job", "stream_handoff.default_stream(self.device).wait_stream(stream)"),
+    Mutation("worker stream with", worker.Worker, "_run_job", "with stream_handoff.use_stream(stream):", "if True:"),
+    Mutation("prefetch event", replicas.Replicas, "prefetch", "self.ready[worker] = stream_handoff.record_event(device)",
              "self.ready[worker] = None"),
     Mutation("prefetch wait_event", replicas.Replicas, "on", "stream.wait_event(event)"),
-    Mutation("prefetch record_stream", replicas.Replicas, "on", "transport.record_stream(param.data, stream)"),
-    Mutation("prefetch read wait", replicas.Replicas, "reduce", "transport.current_stream(source).wait_event(event)"),
-    Mutation("prefetch stream with", replicas.Replicas, "prefetch", "with transport.use_stream(stream):", "if True:"),
-    Mutation("gradient send event", replicas.Replicas, "send", "made = transport.record_event(device)  # after the backward that made them",
+    Mutation("prefetch record_stream", replicas.Replicas, "on", "stream_handoff.record_stream(param.data, stream)"),
+    Mutation("prefetch read wait", replicas.Replicas, "reduce", "stream_handoff.current_stream(source).wait_event(event)"),
+    Mutation("prefetch stream with", replicas.Replicas, "prefetch", "with stream_handoff.use_stream(stream):", "if True:"),
+    Mutation("gradient send event", replicas.Replicas, "send", "made = stream_handoff.record_event(device)  # after the backward that made them",
              "made = None"),
 ]
 

@@ -12,7 +12,7 @@ from fairseq_hybrid.kernels.attention_softmax_loss import (
 )
 from fairseq_hybrid.kernels.fused_output_loss import GradientSink, kept_targets, row_chunks
 from fairseq_hybrid.models.attention_softmax import AttentionSoftmax
-from fairseq_hybrid.parallel.seeded_dropout import cell_generator, given_masks
+from fairseq_hybrid.parallel.runtime.seeded_dropout import cell_generator, given_masks
 
 PAD = 1
 

@@ -1,14 +1,14 @@
-"""Which rows of a batch go where (parallel/batch_rows.py): shards, dealt
+"""Which rows of a batch go where (parallel/recipe/batch_rows.py): shards, dealt
 shares, and micro-batches (contiguous slices of near-equal tokens, each
 with its rows of the batch, target and masks)."""
 
 import torch
 
 from conftest import make_sample
-from fairseq_hybrid.parallel.batch_rows import (batch_slices, micro_batch_rows, micro_batches_of, shard_rows,
+from fairseq_hybrid.parallel.recipe.batch_rows import (batch_slices, micro_batch_rows, micro_batches_of, shard_rows,
                                              step_rows, token_balanced_slices)
-from fairseq_hybrid.parallel.device_plan import build_plan
-from fairseq_hybrid.parallel.single_device_masks import SingleDeviceMasks
+from fairseq_hybrid.parallel.recipe.device_plan import build_plan
+from fairseq_hybrid.parallel.recipe.single_device_masks import SingleDeviceMasks
 
 
 def test_batch_slices_cover_the_batch_without_empty_shards():
@@ -18,7 +18,7 @@ def test_batch_slices_cover_the_batch_without_empty_shards():
 
 
 def test_dealt_rows_follow_the_weights_and_never_take_a_row_back():
-    from fairseq_hybrid.parallel.batch_rows import dealt_rows
+    from fairseq_hybrid.parallel.recipe.batch_rows import dealt_rows
 
     assert dealt_rows(10, (1, 1, 1, 1)) == (3, 3, 2, 2)  # round-robin, the first among equals first
     assert dealt_rows(14, (3, 0, 2, 2)) == (6, 0, 4, 4)
@@ -37,7 +37,7 @@ def test_a_micro_batchs_shards_add_up_to_the_batchs_share():
     each micro-batch the first of the three equal shards would get 16 rows
     every time (128 in all, the same as equal shards); dealt over the batch
     they get 123, as the weights say."""
-    from fairseq_hybrid.parallel.batch_rows import dealt_slices, weighted_slices
+    from fairseq_hybrid.parallel.recipe.batch_rows import dealt_slices, weighted_slices
 
     weights = (28, 24, 24, 24)
     rounded = [0] * 4

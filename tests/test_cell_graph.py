@@ -1,4 +1,4 @@
-"""Running cells on a group (parallel/cell_graph.py): workers really run at
+"""Running cells on a group (parallel/runtime/cell_graph.py): workers really run at
 once, failures surface instead of hanging, stage-local backward hands
 gradients between workers, cell times and named outputs."""
 
@@ -10,9 +10,9 @@ import torch
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.parallel.cell_graph import Cell, run_cells
-from fairseq_hybrid.parallel.cell_times import record_cell_times
-from fairseq_hybrid.parallel.worker import WorkerError, WorkerGroup
+from fairseq_hybrid.parallel.runtime.cell_graph import Cell, run_cells
+from fairseq_hybrid.parallel.runtime.cell_times import record_cell_times
+from fairseq_hybrid.parallel.runtime.worker import WorkerError, WorkerGroup
 
 
 CPU2 = [torch.device("cpu")] * 2

@@ -9,7 +9,7 @@ from conftest import StandInTask, build_model
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.harness.exactness import check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.planning.chunk_choice import ChunkLengthChooser, candidate_lengths, default_cost_model
-from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan, chunk_length_option
+from fairseq_hybrid.parallel.recipe.device_plan import DevicePlanError, build_plan, chunk_length_option
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import build_model
-from fairseq_hybrid.parallel.batch_rows import shard_rows
-from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan
+from fairseq_hybrid.parallel.recipe.batch_rows import shard_rows
+from fairseq_hybrid.parallel.recipe.device_plan import DevicePlanError, build_plan
 
 
 def test_default_placement_is_layer_mod_k():

@@ -1,4 +1,4 @@
-"""The pipes between stages on host memory (parallel/host_wire.py): every
+"""The pipes between stages on host memory (parallel/processes/host_wire.py): every
 message arrives whole and in its sender's order, whatever its dtype or
 size; two stages that send each other more than a pipe holds at once do
 not wait for each other; a peer that ended is named."""
@@ -8,8 +8,8 @@ import multiprocessing
 import pytest
 import torch
 
-from fairseq_hybrid.parallel.host_wire import HostWire, wire_ends
-from fairseq_hybrid.parallel.p2p import PeerLost
+from fairseq_hybrid.parallel.processes.host_wire import HostWire, wire_ends
+from fairseq_hybrid.parallel.processes.gpu_wire import PeerLost
 
 CONTEXT = multiprocessing.get_context("fork")
 
@@ -102,12 +102,12 @@ def test_a_message_the_pipe_has_room_for_is_written_by_the_stage_itself():
 
 
 def test_the_trainers_messages_keep_every_host_tensor_whole():
-    """The trainer's and stages' messages (parallel/plain_tensors.py): host
+    """The trainer's and stages' messages (parallel/processes/plain_tensors.py): host
     tensors of any dtype, shape, stride or size come back equal; a tensor
     that needs a gradient keeps torch's own pickling, and its flag."""
     import pickle
 
-    from fairseq_hybrid.parallel.plain_tensors import dumps
+    from fairseq_hybrid.parallel.processes.plain_tensors import dumps
 
     values = [torch.randn(3, 4), torch.arange(5), torch.randn(4, 6)[:, ::2], torch.empty(0, 3),
               torch.ones(2).to(torch.bfloat16), torch.tensor(3.5), torch.tensor([True, False]),

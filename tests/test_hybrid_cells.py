@@ -1,4 +1,4 @@
-"""A step cut into cells (parallel/hybrid_cells.py): time chunks, named
+"""A step cut into cells (parallel/recipe/hybrid_cells.py): time chunks, named
 outputs, and exactness of the step's less common paths (time chunks,
 several bidirectional layers, explicit placements, prefixes, validation
 without gradients, a dtype change after a step)."""
@@ -9,7 +9,7 @@ import torch
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.parallel.device_plan import build_plan
+from fairseq_hybrid.parallel.recipe.device_plan import build_plan
 from fairseq_hybrid.parallel import build_step, softmax_groups, time_chunks
 
 
@@ -130,7 +130,7 @@ def test_bfloat16_group_after_a_float32_step(dictionaries):
 
 def test_the_schedule_drawn_in_the_design_notes(dictionaries):
     """docs/design.md draws this step's clocks; the drawing must stay true."""
-    from fairseq_hybrid.parallel.wavefront import CellSpec, clocks
+    from fairseq_hybrid.parallel.runtime.wavefront import CellSpec, clocks
 
     src_dict, tgt_dict = dictionaries
     model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, encoder_layers=2, decoder_layers=2)

@@ -9,7 +9,7 @@ import torch
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.parallel.device_plan import MODES
+from fairseq_hybrid.parallel.recipe.device_plan import MODES
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -81,7 +81,7 @@ def test_micro_batches_are_chains_of_their_own(dictionaries):
     """Each micro-batch's cells are named for its rows and read only cells
     of their own micro-batch; together the slices cover every row once,
     with near-equal tokens."""
-    from fairseq_hybrid.parallel.batch_rows import micro_batch_rows
+    from fairseq_hybrid.parallel.recipe.batch_rows import micro_batch_rows
     from fairseq_hybrid.parallel import build_step
 
     src_dict, tgt_dict = dictionaries

@@ -6,7 +6,7 @@ import torch
 
 from conftest import build_model
 from fairseq_hybrid.harness.exactness import LAYERS
-from fairseq_hybrid.parallel.device_plan import DevicePlanError
+from fairseq_hybrid.parallel.recipe.device_plan import DevicePlanError
 
 
 def test_placement_survives_fairseqs_device_moves(dictionaries):

@@ -7,7 +7,7 @@ import torch
 
 from conftest import build_model, make_dictionary
 from fairseq_hybrid.harness.exactness import check_equal
-from fairseq_hybrid.parallel.device_plan import DevicePlanError, build_plan
+from fairseq_hybrid.parallel.recipe.device_plan import DevicePlanError, build_plan
 from fairseq_hybrid.planning.placement_search import best_placement, placements
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 from fairseq_hybrid.planning.schedule_simulator import CostModel, step_time

@@ -1,10 +1,10 @@
-"""Replicas of the parts that run away from their device (parallel/replicas.py)."""
+"""Replicas of the parts that run away from their device (parallel/runtime/replicas.py)."""
 
 import pytest
 import torch
 
-from fairseq_hybrid.parallel import transport
-from fairseq_hybrid.parallel.replicas import Replicas
+from fairseq_hybrid.parallel.runtime import stream_handoff
+from fairseq_hybrid.parallel.runtime.replicas import Replicas
 from fairseq_hybrid.harness.virtual_devices import virtual_devices
 from fairseq_hybrid.harness.virtual_streams import StreamRace
 from stream_mutations import MUTATIONS, apply
@@ -50,12 +50,12 @@ def prefetched_steps(count):
     prefetched by this thread, read on a worker's stream."""
     master = torch.nn.Linear(3, 2).to(HOME)
     replicas = Replicas(master)
-    worker = transport.new_stream(AWAY, "worker")
+    worker = stream_handoff.new_stream(AWAY, "worker")
     outputs, expected = [], []
     for step in range(count):
         replicas.prefetch(1, AWAY, step)
-        with transport.use_stream(worker), torch.no_grad():
-            worker.wait_stream(transport.default_stream(AWAY))
+        with stream_handoff.use_stream(worker), torch.no_grad():
+            worker.wait_stream(stream_handoff.default_stream(AWAY))
             replica = replicas.on(1, AWAY, step)
             assert replica.weight.device == AWAY
             outputs.append(replica(torch.ones(1, 3, device=AWAY)))
@@ -65,7 +65,7 @@ def prefetched_steps(count):
             master.weight.add_(1.0)  # the optimizer's update between steps
     # read on the host only now: a host read waits for the stream, which
     # would order everything after it
-    with transport.use_stream(worker):
+    with stream_handoff.use_stream(worker):
         for output, value in zip(outputs, expected):
             torch.testing.assert_close(output.cpu(), value.cpu())
 

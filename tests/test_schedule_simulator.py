@@ -5,8 +5,8 @@ engine's own cells."""
 import pytest
 import torch
 
-from fairseq_hybrid.parallel.cell_graph import Cell, Work
-from fairseq_hybrid.parallel.device_plan import build_plan
+from fairseq_hybrid.parallel.runtime.cell_graph import Cell, Work
+from fairseq_hybrid.parallel.recipe.device_plan import build_plan
 from fairseq_hybrid.planning.twin_model import batch, twin_model
 from fairseq_hybrid.planning.cost_fit import fit
 from fairseq_hybrid.planning.schedule_simulator import ReplicaCopy, CostModel, flops, replay, step_time

@@ -1,8 +1,8 @@
-"""Dropout from each cell's own seeded generator (parallel/seeded_dropout.py)."""
+"""Dropout from each cell's own seeded generator (parallel/runtime/seeded_dropout.py)."""
 
 import torch
 
-from fairseq_hybrid.parallel.seeded_dropout import SeededDropout, cell_generator
+from fairseq_hybrid.parallel.runtime.seeded_dropout import SeededDropout, cell_generator
 
 
 def test_seeded_dropout():

@@ -1,4 +1,4 @@
-"""--hybrid-dropout-masks single-device (parallel/single_device_masks.py)."""
+"""--hybrid-dropout-masks single-device (parallel/recipe/single_device_masks.py)."""
 
 import pytest
 import torch

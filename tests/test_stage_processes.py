@@ -1,5 +1,5 @@
-"""--hybrid-workers processes: a process per device (parallel/stage.py,
-stage_processes.py, p2p.py).  The step equals one device's (and, with the
+"""--hybrid-workers processes: a process per device (parallel/processes/stage.py,
+stage_processes.py, gpu_wire.py).  The step equals one device's (and, with the
 same seed, the threads' step), a dead or failing stage ends the step with
 an error naming its device and cell, and no stage outlives the trainer."""
 
@@ -16,8 +16,8 @@ import torch
 from conftest import StandInTask, alive, build_model, make_sample
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads, single_and_group
-from fairseq_hybrid.parallel.device_plan import MODES, DevicePlanError
-from fairseq_hybrid.parallel.worker import WorkerError
+from fairseq_hybrid.parallel.recipe.device_plan import MODES, DevicePlanError
+from fairseq_hybrid.parallel.runtime.worker import WorkerError
 
 PROCESSES = {"hybrid_workers": "processes"}
 
@@ -62,7 +62,7 @@ def test_spawned_stages_equal_one_device(dictionaries, monkeypatch):
     """Stages started as a GPU group starts them (spawn: a fresh
     interpreter, the model pickled with torch's reductions, its parameters
     shared rather than copied), here on CPU devices."""
-    from fairseq_hybrid.parallel.stage_processes import StageProcesses
+    from fairseq_hybrid.parallel.processes.stage_processes import StageProcesses
 
     monkeypatch.setattr(StageProcesses, "start_method", "spawn")
     check_equal(["cpu"] * 2, "hybrid", dictionaries, group_options=PROCESSES)
@@ -133,7 +133,7 @@ def test_the_optimizers_updates_reach_the_stages(start_method, dictionaries, mon
     """The stages read the trainer's parameters themselves (forked or
     spawned): after an in-place update (what fairseq's optimizers do), the
     next step's loss is the one device's at the updated weights."""
-    from fairseq_hybrid.parallel.stage_processes import StageProcesses
+    from fairseq_hybrid.parallel.processes.stage_processes import StageProcesses
 
     monkeypatch.setattr(StageProcesses, "start_method", start_method)
     src_dict, tgt_dict = dictionaries
@@ -230,7 +230,7 @@ def test_a_stage_that_dies_or_fails_ends_the_step_naming_device_and_cell(how, me
 def test_a_stage_that_dies_in_backward_is_named_with_its_cell(dictionaries, monkeypatch):
     """The stage says each cell's name before its backward too: one killed
     there is named with the cell it was in."""
-    from fairseq_hybrid.parallel import cell_graph
+    from fairseq_hybrid.parallel.runtime import cell_graph
 
     real = cell_graph.CellGraph._backward_cell
 
@@ -309,7 +309,7 @@ def test_a_store_folder_a_dead_trainer_left_is_cleared(tmp_path):
     """GPU stages meet through a store folder of their trainer's; one that a
     trainer ended by SIGKILL left behind is removed by the next start,
     and a living trainer's is kept."""
-    from fairseq_hybrid.parallel.stage_processes import STORE_PREFIX, clear_dead_stores
+    from fairseq_hybrid.parallel.processes.stage_processes import STORE_PREFIX, clear_dead_stores
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     left = tmp_path / f"{STORE_PREFIX}{int(dead.stdout)}-abc"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fairseq_hybrid.harness.exactness import check_equal
-from fairseq_hybrid.parallel import transport
+from fairseq_hybrid.parallel.runtime import stream_handoff
 from fairseq_hybrid.harness.virtual_devices import virtual_devices
 from fairseq_hybrid.harness.virtual_streams import StreamRace
 from stream_mutations import MUTATIONS, apply
@@ -70,10 +70,10 @@ def test_the_unmutated_engine_has_no_race_in_the_same_runs(dictionaries):
 
 def produced_on_a_side_stream(device):
     """A tensor written on a stream of its own, and the event after it."""
-    side = transport.new_stream(device, "producer")
-    with transport.use_stream(side):
+    side = stream_handoff.new_stream(device, "producer")
+    with stream_handoff.use_stream(side):
         value = torch.ones(4, device=device) * 2
-        event = transport.record_event(device)
+        event = stream_handoff.record_event(device)
     return value, event
 
 
@@ -83,12 +83,12 @@ def test_reading_a_device_tensor_on_the_host_waits_for_its_event(monkeypatch):
     device = torch.device("cpu", 0)
     with virtual_devices():
         value, event = produced_on_a_side_stream(device)
-        assert transport.arrive(value, torch.device("cpu"), event).tolist() == [2.0] * 4
+        assert stream_handoff.arrive(value, torch.device("cpu"), event).tolist() == [2.0] * 4
     apply(next(m for m in MUTATIONS if m.id == "host read synchronize"), monkeypatch)
     with virtual_devices():
         value, event = produced_on_a_side_stream(device)
         with pytest.raises(StreamRace, match=r"copy device to host.*before aten\.mul wrote it.*on producer"):
-            transport.arrive(value, torch.device("cpu"), event)
+            stream_handoff.arrive(value, torch.device("cpu"), event)
 
 
 def test_without_its_own_stream_a_worker_runs_on_the_default_stream(dictionaries, monkeypatch):
@@ -109,20 +109,20 @@ def test_without_its_own_stream_a_worker_runs_on_the_default_stream(dictionaries
 def test_an_event_orders_only_what_was_queued_before_it():
     device = torch.device("cpu", 0)
     with virtual_devices():
-        reader = transport.new_stream(device, "reader")
+        reader = stream_handoff.new_stream(device, "reader")
         value, event = produced_on_a_side_stream(device)
         reader.wait_event(event)
-        with transport.use_stream(reader):
+        with stream_handoff.use_stream(reader):
             value + 1  # ordered
-        writer = transport.new_stream(device, "writer")
+        writer = stream_handoff.new_stream(device, "writer")
         writer.wait_stream(reader)  # after the producer and the read
         early = writer.record_event()  # before the write below: orders nothing of it
-        with transport.use_stream(writer):
+        with stream_handoff.use_stream(writer):
             value.mul_(3)
         reader.wait_event(early)
         with pytest.raises(StreamRace, match=r"aten\.add in the calling thread on reader .* may read a tensor before "
                                              r"aten\.mul_ wrote it .* on writer"):
-            with transport.use_stream(reader):
+            with stream_handoff.use_stream(reader):
                 value + 1
 
 
@@ -130,9 +130,9 @@ def test_a_write_after_reads_on_other_streams_needs_them_done():
     device = torch.device("cpu", 0)
     with virtual_devices():
         value = torch.ones(4, device=device)
-        reader = transport.new_stream(device, "reader")
-        reader.wait_stream(transport.default_stream(device))
-        with transport.use_stream(reader):
+        reader = stream_handoff.new_stream(device, "reader")
+        reader.wait_stream(stream_handoff.default_stream(device))
+        with stream_handoff.use_stream(reader):
             value.sum()
         with pytest.raises(StreamRace, match=r"may write a tensor before aten\.sum read it"):
             value.add_(1)  # the default stream: nothing orders it after the reader
@@ -146,12 +146,12 @@ def test_memory_freed_while_another_stream_uses_it_needs_record_stream():
     for recorded in (False, True):
         with virtual_devices():
             value = torch.ones(4, device=device)
-            reader = transport.new_stream(device, "reader")
-            reader.wait_stream(transport.default_stream(device))
-            with transport.use_stream(reader):
+            reader = stream_handoff.new_stream(device, "reader")
+            reader.wait_stream(stream_handoff.default_stream(device))
+            with stream_handoff.use_stream(reader):
                 value.sum()
             if recorded:
-                transport.record_stream(value, reader)
+                stream_handoff.record_stream(value, reader)
             del value
             if recorded:
                 torch.zeros(4, device=device)

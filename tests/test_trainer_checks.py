@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from fairseq_hybrid.parallel.device_plan import DevicePlan, DevicePlanError
+from fairseq_hybrid.parallel.recipe.device_plan import DevicePlan, DevicePlanError
 from fairseq_hybrid.fairseq_patches.trainer_checks import check_training_setup
 from test_virtual_devices import fairseq_cfg
 

@@ -11,8 +11,8 @@ import torch
 
 from conftest import StandInTask, build_model, make_sample
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.parallel import host_batch, thread_state
-from fairseq_hybrid.parallel.device_plan import MODES
+from fairseq_hybrid.parallel.runtime import host_batch, thread_state
+from fairseq_hybrid.parallel.recipe.device_plan import MODES
 from fairseq_hybrid.harness.virtual_devices import virtual_devices
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal, loss_and_grads
 
@@ -118,7 +118,7 @@ def test_a_wait_on_a_workers_thread_outside_its_cells_is_recorded(dictionaries, 
     """A worker's thread waits outside its cells too: where it adds the
     gradients its cell's readers handed back (CellGraph._backward_cell),
     an ``.item()`` put by hand is recorded, naming the line and the thread."""
-    from fairseq_hybrid.parallel import cell_graph
+    from fairseq_hybrid.parallel.runtime import cell_graph
 
     real = cell_graph.arrive
 

@@ -1,9 +1,9 @@
-"""The wavefront schedule (parallel/wavefront.py): clocks, cycles, each
+"""The wavefront schedule (parallel/runtime/wavefront.py): clocks, cycles, each
 worker's order."""
 
 import pytest
 
-from fairseq_hybrid.parallel.wavefront import CellSpec, clock_cycles, clocks, worker_orders
+from fairseq_hybrid.parallel.runtime.wavefront import CellSpec, clock_cycles, clocks, worker_orders
 
 
 def grid(layers, chunks):

@@ -1,4 +1,4 @@
-"""Worker threads (fairseq_hybrid.parallel.worker, .thread_state): the
+"""Worker threads (fairseq_hybrid.parallel.runtime.worker, .thread_state): the
 caller's thread-local state reaches every job, nothing leaves the caller
 waiting forever, and each worker runs its cells' backward itself."""
 
@@ -10,8 +10,8 @@ import torch
 
 from conftest import StandInTask
 from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from fairseq_hybrid.parallel.cell_graph import Cell, run_cells
-from fairseq_hybrid.parallel.worker import WorkerError, WorkerGroup, WorkerTimeout
+from fairseq_hybrid.parallel.runtime.cell_graph import Cell, run_cells
+from fairseq_hybrid.parallel.runtime.worker import WorkerError, WorkerGroup, WorkerTimeout
 from fairseq_hybrid.harness.exactness import single_and_group
 
 CPU2 = [torch.device("cpu")] * 2
@@ -94,7 +94,7 @@ def test_a_stuck_cell_times_out_naming_device_and_cell():
 
 
 def test_a_timed_out_group_is_replaced():
-    from fairseq_hybrid.parallel import worker as worker_module
+    from fairseq_hybrid.parallel.runtime import worker as worker_module
 
     devices = [torch.device("cpu"), torch.device("cpu"), torch.device("cpu")]
     group = worker_module.worker_group(devices)

@@ -9,7 +9,7 @@ import pytest
 from conftest import build_model, make_sample
 from fairseq_hybrid.harness.exactness import LAYERS, SRC_LENGTHS, TGT_LENGTHS, check_equal
 from fairseq_hybrid.parallel import build_step
-from fairseq_hybrid.parallel.device_plan import MODES, build_plan
+from fairseq_hybrid.parallel.recipe.device_plan import MODES, build_plan
 
 
 def shape(built):
@@ -34,7 +34,7 @@ def test_a_worker_builds_its_own_cells_only(mode, count, micro_batches, dictiona
         assert built == [cell.name for cell in whole.step.cells if cell.worker == worker] != []
         # the batch staged for this worker's cells only: its own attention-softmax shards' targets
         if mode != "data":
-            from fairseq_hybrid.parallel.staging import stage_step
+            from fairseq_hybrid.parallel.recipe.staging import stage_step
 
             staged = stage_step(model, plan, sample["net_input"], sample["target"], 2, micro_batches, only=worker)
             for batch in staged.micro_batches:

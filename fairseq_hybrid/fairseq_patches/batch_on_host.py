@@ -2,7 +2,7 @@
 
 fairseq's ``Trainer._prepare_sample`` moves each batch to ``cuda:0``; a
 group makes its step's layout from the batch on the host, and reading it
-back from ``cuda:0`` would wait for the GPU (:mod:`fairseq_hybrid.parallel.host_batch`).
+back from ``cuda:0`` would wait for the GPU (:mod:`fairseq_hybrid.parallel.runtime.host_batch`).
 So, for a model with a group, the batch is pinned first (where the
 group's devices queue copies), fairseq's move is queued from pinned
 memory, and the group is told which host tensor each moved one came

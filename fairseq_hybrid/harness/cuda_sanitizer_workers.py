@@ -7,7 +7,7 @@ the kernels the group's workers launch, which is where the engine's
 stream ordering matters.  Here one ``EventHandler`` (CSAN's record of
 streams, events and tensor accesses) is shared by one dispatch mode per
 thread: the caller's, and one entered in every worker job through
-:mod:`fairseq_hybrid.parallel.thread_state`.  Stream, event and allocation callbacks are
+:mod:`fairseq_hybrid.parallel.runtime.thread_state`.  Stream, event and allocation callbacks are
 process-wide already (``torch.cuda._gpu_trace``).  Calls into the shared
 handler are serialised by one lock.
 
@@ -42,7 +42,7 @@ from typing import Iterator, List
 
 import torch
 
-from ..parallel import thread_state
+from ..parallel.runtime import thread_state
 
 _CALLBACKS = ("event_creation", "event_deletion", "event_record", "event_wait", "memory_allocation",
               "memory_deallocation", "stream_creation", "device_synchronization", "stream_synchronization",
@@ -132,7 +132,7 @@ class SharedSanitizer:
         return mode
 
     def _capture(self):
-        """:mod:`fairseq_hybrid.parallel.thread_state` hook: every job enters a mode."""
+        """:mod:`fairseq_hybrid.parallel.runtime.thread_state` hook: every job enters a mode."""
         return self._mode
 
     @contextmanager

@@ -8,7 +8,7 @@ import contextlib
 import torch
 
 from ..criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
-from ..parallel.host_batch import keep_on_host
+from ..parallel.runtime.host_batch import keep_on_host
 from .measuring import loss_and_grads, on_device
 from .stand_ins import StandInTask, build_model, make_sample
 

@@ -26,7 +26,7 @@ cpu:0,cpu:1``) are told apart the way CUDA tells ``cuda:0`` from ``cuda:1``:
 The harness is one ``TorchFunctionMode`` (device queries and moves, seen
 before dispatch) and one ``TorchDispatchMode`` (every aten op, forward and
 backward, tagged by storage) per thread; the hybrid engine's workers enter
-them through :mod:`fairseq_hybrid.parallel.thread_state`.  Setting
+them through :mod:`fairseq_hybrid.parallel.runtime.thread_state`.  Setting
 ``FAIRSEQ_HYBRID_VIRTUAL_DEVICES=1`` turns it on for a whole process (how
 ``fairseq-train`` runs under it in the tests).  It is slow (every op goes
 through Python) and meant for small test models only.
@@ -49,8 +49,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from . import virtual_streams
-from ..parallel import host_batch, thread_state
-from ..parallel.worker import current_worker
+from ..parallel.runtime import host_batch, thread_state
+from ..parallel.runtime.worker import current_worker
 from .virtual_memory import DeviceMemory
 from .virtual_streams import StreamChecker, reads_and_writes
 
@@ -219,7 +219,7 @@ class VirtualDevices:
             yield self
 
     def capture(self):
-        """:mod:`fairseq_hybrid.parallel.thread_state` hook: a worker enters the harness
+        """:mod:`fairseq_hybrid.parallel.runtime.thread_state` hook: a worker enters the harness
         when its caller is inside it (and, with streams, starts its job
         knowing what the caller's streams did)."""
         inside = getattr(_local, "harness", None) is self or (

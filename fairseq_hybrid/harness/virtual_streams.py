@@ -7,7 +7,7 @@ another stream still reads it, gives silent wrong numbers.  On CPU every
 op is done when it returns, so a deleted ``wait_event`` passes every test.
 This module gives virtual devices (``fairseq_hybrid.harness.virtual_devices``)
 streams and events with ``torch.cuda``'s method names (the engine reaches
-them through :mod:`fairseq_hybrid.parallel.transport`) and checks every op
+them through :mod:`fairseq_hybrid.parallel.runtime.stream_handoff`) and checks every op
 against them, the way PyTorch's CUDA Sanitizer (``torch/cuda/_sanitizer.py``)
 does on a GPU:
 
@@ -65,8 +65,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-from ..parallel import transport as engine_transport
-from ..parallel.worker import current_worker
+from ..parallel.runtime import stream_handoff as engine_transport
+from ..parallel.runtime.worker import current_worker
 
 Clock = Dict[int, int]  # lane -> steps of that lane ordered before
 _FACTORY = re.compile("(new_.*|.*_like)")  # CSAN's: their tensor arguments give only a shape
@@ -186,7 +186,7 @@ def _merge(into: Clock, clock: Clock) -> None:
 
 
 _HARNESS_FILES = ("virtual_streams.py", "virtual_devices.py")
-_TRANSPORT = f"parallel{os.sep}transport.py"
+_TRANSPORT = os.path.join("parallel", "runtime", "stream_handoff.py")
 # the engine's stream wrappers: a report names the line that called them
 _STREAM_WRAPPERS = {"_virtual", "has_streams", "scope", "new_stream", "current_stream", "default_stream",
                     "use_stream", "record_event", "record_stream"}

@@ -51,13 +51,15 @@ def instrument(folder: str) -> None:
     forked from it; each stage writes its timers and its profile into
     ``folder`` after every backward pass."""
     from fairseq_hybrid import hybrid_group
-    from fairseq_hybrid.parallel import cell_graph, cell_times, host_wire, p2p, stage, stage_processes, step
+    from fairseq_hybrid.parallel import step
+    from fairseq_hybrid.parallel.processes import gpu_wire, host_wire, stage, stage_processes
+    from fairseq_hybrid.parallel.runtime import cell_graph, cell_times
 
     timed(hybrid_group, "build_step", "build")  # the threads' build, and what the group hands its stages
     timed(step, "stage_step", "build: staging")
     timed(step, "hybrid_cells", "build: cells")
     timed(step, "data_parallel_cells", "build: cells")
-    for wire in (p2p.Transport, host_wire.HostWire):
+    for wire in (gpu_wire.GpuWire, host_wire.HostWire):
         for function, label in WIRE_PARTS:
             timed(wire, function, label)
     timed(cell_graph.CellGraph, "_forward_cell", "cells: forward (with inputs)")
@@ -299,10 +301,10 @@ def profile_top(path: str, names) -> dict:
 
 PROFILE_NAMES = [
     ("build", "parallel/step.py", "build_step"),
-    *[(label, f"parallel/{wire}.py", function) for wire in ("p2p", "host_wire") for function, label in WIRE_PARTS],
-    ("cells: forward (with inputs)", "parallel/cell_graph.py", "_forward_cell"),
-    ("cells: backward (with inputs)", "parallel/cell_graph.py", "_backward_cell"),
-    ("trainer: waits for the stages", "parallel/stage_processes.py", "_replies"),
+    *[(label, f"parallel/processes/{wire}.py", function) for wire in ("gpu_wire", "host_wire") for function, label in WIRE_PARTS],
+    ("cells: forward (with inputs)", "parallel/runtime/cell_graph.py", "_forward_cell"),
+    ("cells: backward (with inputs)", "parallel/runtime/cell_graph.py", "_backward_cell"),
+    ("trainer: waits for the stages", "parallel/processes/stage_processes.py", "_replies"),
 ]
 
 
@@ -315,7 +317,7 @@ def build_shares(args, groups=(2, 4), repeats: int = 30) -> list:
 
     from fairseq_hybrid.harness.stand_ins import build_model
     from fairseq_hybrid.parallel import build_step
-    from fairseq_hybrid.parallel.device_plan import build_plan
+    from fairseq_hybrid.parallel.recipe.device_plan import build_plan
 
     src_dict, tgt_dict, samples = corpus(args, 4)
     model = build_model(args.arch, src_dict, tgt_dict, encoder_layers=args.layers, decoder_layers=args.layers)

@@ -13,17 +13,17 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 from torch import Tensor
 
-from .cell_graph import run_cells
-from .cell_times import DeviceUsage
-from .data_parallel_cells import data_parallel_cells
-from .device_plan import DevicePlan
-from .hybrid_cells import hybrid_cells
-from .replicas import ModelReplicas
-from .shard_sums import sum_on
-from .single_device_masks import SingleDeviceMasks
-from .staging import stage_step
-from .step_builder import BuiltStep
-from .worker import DEFAULT_TIMEOUT, worker_group
+from .runtime.cell_graph import run_cells
+from .runtime.cell_times import DeviceUsage
+from .recipe.data_parallel_cells import data_parallel_cells
+from .recipe.device_plan import DevicePlan
+from .recipe.hybrid_cells import hybrid_cells
+from .runtime.replicas import ModelReplicas
+from .runtime.shard_sums import sum_on
+from .recipe.single_device_masks import SingleDeviceMasks
+from .recipe.staging import stage_step
+from .recipe.step_builder import BuiltStep
+from .runtime.worker import DEFAULT_TIMEOUT, worker_group
 
 
 class StepShape(NamedTuple):

@@ -2,7 +2,7 @@
 predict the step's time on other machines (and for other placements).
 
 The hybrid engine runs a step as cells in a fixed order per device
-(:mod:`fairseq_hybrid.parallel.wavefront`).  Given what each cell costs, replaying that order
+(:mod:`fairseq_hybrid.parallel.runtime.wavefront`).  Given what each cell costs, replaying that order
 with the same dependencies gives the step's time without running it:
 
 * forward: every device runs its cells in clock order; a cell starts once
@@ -11,7 +11,7 @@ with the same dependencies gives the step's time without running it:
   device);
 * backward: the reverse order, a cell waiting for the gradients of all
   cells that read it;
-* replicated parts (:mod:`fairseq_hybrid.parallel.replicas`): each replica's parameter copy
+* replicated parts (:mod:`fairseq_hybrid.parallel.runtime.replicas`): each replica's parameter copy
   leaves its master's device when the step starts, one copy after another
   on that device's link, and the replica's first cell waits for it; its
   gradient copy leaves once the replica's last cell has run backward, one
@@ -31,13 +31,13 @@ devices, where the host does the work, or the pessimistic reading of a
 GPU) a cell costs the sum, each worker on its own.
 
 Costs come from a :class:`CostModel`: floating-point operations per cell
-(from the cell's :class:`~fairseq_hybrid.parallel.cell_graph.Work`) divided by a rate per kind of
+(from the cell's :class:`~fairseq_hybrid.parallel.runtime.cell_graph.Work`) divided by a rate per kind of
 cell and phase, plus a fixed cost per cell call; rates and fixed costs are
 fitted to cell times measured on this machine (:func:`.cost_fit.fit`) or given for
 a device we do not have.
 
 :func:`step_time` lays out the cells with the engine's own step builder
-(:mod:`fairseq_hybrid.parallel.hybrid_cells`, on any model, even one whose parameters live on
+(:mod:`fairseq_hybrid.parallel.recipe.hybrid_cells`, on any model, even one whose parameters live on
 torch's ``meta`` device) and replays them, so the simulated schedule is
 the engine's schedule, cell for cell.
 """

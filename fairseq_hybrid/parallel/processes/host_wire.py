@@ -5,7 +5,7 @@ stages, made by the trainer before the stages start.
 A message is its tensor's description (dtype, shape, whether it needs a
 gradient) followed by its bytes, written back to back into the same pipe:
 one write for the sender, one wake-up for the receiver, where gloo's
-point-to-point (:mod:`.p2p`) costs a header message and a data message,
+point-to-point (:mod:`.gpu_wire`) costs a header message and a data message,
 each through gloo's own I/O thread (docs/bench/profile_workers.md: the
 messages' cost per step, measured both ways).  Each peer's sends are
 written by a thread of their own, so a send never blocks its stage (a pipe
@@ -14,9 +14,9 @@ otherwise wait for each other forever), except where the pipe has room for
 it now (the stage writes it itself); the receiver reads straight into the
 tensor's memory.
 
-It has :class:`.p2p.Transport`'s face (``expect``, ``send``, ``take``,
+It has :class:`.gpu_wire.GpuWire`'s face (``expect``, ``send``, ``take``,
 ``flush``, ``sent``, ``close``; the in-order taking is their shared
-:class:`.p2p.InOrder`), so a stage uses either.
+:class:`.gpu_wire.InOrder`), so a stage uses either.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Deque, Dict, Hashable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .p2p import DTYPES, InOrder, PeerLost
+from .gpu_wire import DTYPES, InOrder, PeerLost
 
 
 def wire_ends(context, size: int) -> List[Tuple[Dict[int, object], Dict[int, object]]]:

@@ -12,11 +12,11 @@ message is a fixed-size header (dimensions, dtype, whether the tensor
 needs a gradient, or "nothing") followed by the tensor.
 
 A receiver takes a peer's messages in the order that peer sends them and
-keeps those it does not need yet (:meth:`Transport.take`): both sides
+keeps those it does not need yet (:meth:`GpuWire.take`): both sides
 build the same cells and orders, so each knows the other's sequence
-(:meth:`Transport.expect`); NCCL matches messages by order alone.  Sends
+(:meth:`GpuWire.expect`); NCCL matches messages by order alone.  Sends
 never block the sender (each is waited for at the end of the pass,
-:meth:`Transport.flush`), so, as with threads, a stage only ever waits for
+:meth:`GpuWire.flush`), so, as with threads, a stage only ever waits for
 a cell of an earlier wavefront clock and the schedule cannot deadlock.
 """
 
@@ -69,7 +69,7 @@ class InOrder:
         raise NotImplementedError
 
 
-class Transport(InOrder):
+class GpuWire(InOrder):
     """This stage's messages to and from the other stages of its group."""
 
     def __init__(self, rank: int, size: int, store, device: torch.device, timeout: float,

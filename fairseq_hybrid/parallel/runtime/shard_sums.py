@@ -12,7 +12,7 @@ from typing import Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .transport import arrive
+from .stream_handoff import arrive
 
 
 def sum_on(results: Sequence[Tuple[Tensor, ...]], device: torch.device) -> Tuple[Tensor, ...]:

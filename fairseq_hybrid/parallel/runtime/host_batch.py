@@ -15,7 +15,7 @@ to ``cuda:0``): :func:`keep_on_host` pins it where the group's devices
 queue work on streams, lets fairseq move it, and remembers which host
 tensor each moved one came from; :func:`host_of` answers the step with
 it.  What the step makes on the host is copied from pinned memory by the
-engine's one transfer function (:mod:`.transport`), so that each copy is
+engine's one transfer function (:mod:`.stream_handoff`), so that each copy is
 queued, not waited for.
 """
 
@@ -27,7 +27,7 @@ from typing import Callable, Dict, Iterable, Tuple
 import torch
 from torch import Tensor
 
-from .transport import has_streams, is_host, pinned
+from .stream_handoff import has_streams, is_host, pinned
 
 __all__ = ["keep_on_host", "host_of", "on_host", "queues_copies", "remember"]
 

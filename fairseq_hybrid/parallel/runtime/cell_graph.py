@@ -19,7 +19,7 @@ Parameters receive their gradients directly from the cells' backward calls.
 
 On CUDA each worker has a stream; a cell records an event after it runs and
 every reader waits for that event before using the output
-(:mod:`.transport`).  CUDA backward normally runs on one autograd thread
+(:mod:`.stream_handoff`).  CUDA backward normally runs on one autograd thread
 per device, and the trainer's ``loss.backward()`` reaches this graph's
 boundary on the autograd thread of the loss's device, where it waits for
 the workers; a worker's own ``torch.autograd.backward`` would queue its
@@ -45,7 +45,7 @@ from . import thread_state
 from . import seeded_dropout
 from .cell_times import DeviceUsage, label_call, note_call
 from .channels import InProcess
-from .transport import arrive, record_event
+from .stream_handoff import arrive, record_event
 from .wavefront import CellSpec, Ref, worker_orders
 from .worker import DEFAULT_TIMEOUT, Aborted, WorkerGroup, current_worker
 

@@ -32,7 +32,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import thread_state, transport
+from . import thread_state
+
+from . import stream_handoff
 
 Job = Callable[[], object]
 
@@ -78,16 +80,16 @@ class Worker:
             torch.set_num_threads(1)  # per thread with OpenMP: this worker uses one core
         else:
             torch.cuda.set_device(self.device)
-            self.streams["cuda"] = transport.new_stream(self.device)
+            self.streams["cuda"] = stream_handoff.new_stream(self.device)
 
     def _stream(self):
         """This worker's stream (None on plain CPU): made at start-up on
         CUDA, once per checker on virtual devices."""
-        scope = transport.scope(self.device)
+        scope = stream_handoff.scope(self.device)
         if scope is None:
             return None
         if scope not in self.streams:
-            self.streams[scope] = transport.new_stream(self.device, f"worker {self.index} stream")
+            self.streams[scope] = stream_handoff.new_stream(self.device, f"worker {self.index} stream")
         return self.streams[scope]
 
     def _run_job(self, job: Job) -> object:
@@ -95,12 +97,12 @@ class Worker:
         caller queued on the device's default stream, and the default
         stream ordered after it (so the caller may use the results)."""
         stream = self._stream()
-        with transport.use_stream(stream):
+        with stream_handoff.use_stream(stream):
             if stream is not None:
-                stream.wait_stream(transport.default_stream(self.device))  # the caller's work comes first
+                stream.wait_stream(stream_handoff.default_stream(self.device))  # the caller's work comes first
             value = job()
             if stream is not None:
-                transport.default_stream(self.device).wait_stream(stream)
+                stream_handoff.default_stream(self.device).wait_stream(stream)
         return value
 
     def _loop(self) -> None:

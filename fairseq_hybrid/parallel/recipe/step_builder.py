@@ -13,10 +13,10 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .cell_graph import Cell, Work
+from ..runtime.cell_graph import Cell, Work
 from .device_plan import DevicePlan
-from .replicas import ModelReplicas, Replicas
-from .wavefront import Ref
+from ..runtime.replicas import ModelReplicas, Replicas
+from ..runtime.wavefront import Ref
 
 
 def chunk_names(count: int) -> List[str]:

@@ -34,14 +34,14 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers torch's reductions: shared buffers cross the pipes)
 from torch import Tensor
 
-from .cell_times import DeviceUsage
-from .host_batch import host_of, on_host
+from ..runtime.cell_times import DeviceUsage
+from ..runtime.host_batch import host_of, on_host
 from . import plain_tensors
 from .host_wire import wire_ends
-from .shard_sums import sum_on
+from ..runtime.shard_sums import sum_on
 from .stage import keep_freed_memory, stage_main
-from .thread_state import capture
-from .worker import WorkerError, WorkerTimeout
+from ..runtime.thread_state import capture
+from ..runtime.worker import WorkerError, WorkerTimeout
 
 START_SECONDS = 120.0  # for every stage to be up (spawn imports torch and fairseq)
 ACTIVITY_BYTES = 256
@@ -93,7 +93,7 @@ class StageProcesses:
             for param in self.params:
                 if param.device.type == "cpu":
                     param.share_memory_()
-        # stages on host memory talk through pipes (host_wire.py), others through torch.distributed (p2p.py),
+        # stages on host memory talk through pipes (host_wire.py), others through torch.distributed (gpu_wire.py),
         # whose store is a folder of the trainer's (one a dead trainer left is cleared here)
         wires = wire_ends(context, len(devices)) if len(devices) > 1 and all(
             device.type == "cpu" and device.index is None for device in devices) else [None] * len(devices)

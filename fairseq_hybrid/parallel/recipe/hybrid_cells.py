@@ -29,15 +29,15 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..kernels.fused_output_loss import GradientSink
-from .cell_graph import Work
+from ...kernels.fused_output_loss import GradientSink
+from ..runtime.cell_graph import Work
 from .device_plan import DevicePlan
-from .replicas import ModelReplicas
+from ..runtime.replicas import ModelReplicas
 from .single_device_masks import with_masks
 from .staging import StagedBatch, StagedStep
 from .step_builder import (BuiltStep, ReplicaUse, StepBuilder, chunk_names, join, merged_uses, replica_uses,
                            shard_names)
-from .wavefront import Ref
+from ..runtime.wavefront import Ref
 
 # A layer's output: for each time chunk, the refs of the parts that are
 # concatenated along the feature dimension (the two directions of a

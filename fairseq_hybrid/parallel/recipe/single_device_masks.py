@@ -17,7 +17,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .seeded_dropout import given_masks
+from ..runtime.seeded_dropout import given_masks
 
 
 class SingleDeviceMasks(NamedTuple):

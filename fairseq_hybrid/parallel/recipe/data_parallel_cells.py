@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .cell_graph import Work
+from ..runtime.cell_graph import Work
 from .device_plan import DevicePlan
-from .replicas import ModelReplicas
+from ..runtime.replicas import ModelReplicas
 from .single_device_masks import with_masks
 from .staging import StagedStep
 from .step_builder import BuiltStep, StepBuilder, replica_uses

@@ -10,7 +10,7 @@ differs:
 * :class:`OverWire` (``--hybrid-workers processes``): one worker's cells
   are in this process; another worker's output, and the gradient another
   worker hands back, come over the stages' wire (:mod:`.host_wire` on host
-  memory, :mod:`.p2p` between GPUs).  Every stage builds the same cells
+  memory, :mod:`..processes.gpu_wire` between GPUs).  Every stage builds the same cells
   and orders, so each knows what its peers send it and in which order.
 """
 

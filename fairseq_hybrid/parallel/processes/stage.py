@@ -9,7 +9,7 @@ runs them, forward in wavefront order and backward in the reverse order,
 through :class:`~.cell_graph.CellGraph` itself with the channel
 :class:`~.channels.OverWire`: where an input comes from another device (or
 a gradient goes back to one) it takes the message from its wire
-(:mod:`.host_wire` on host memory, :mod:`.p2p` between GPUs) instead of
+(:mod:`.host_wire` on host memory, :mod:`.gpu_wire` between GPUs) instead of
 another thread.  It reports its loss sums, then, after the backward pass,
 which parameters it filled with gradients, into buffers it shares with the
 trainer (docs/design.md, "A host per device").  The trainer's side is
@@ -32,12 +32,12 @@ import torch
 from torch import Tensor
 
 from . import plain_tensors
-from .cell_graph import CellGraph, Ref
-from .channels import InProcess, OverWire
-from .replicas import ModelReplicas
-from .p2p import PeerLost
-from .thread_state import ThreadState
-from .transport import arrive
+from ..runtime.cell_graph import CellGraph, Ref
+from ..runtime.channels import InProcess, OverWire
+from ..runtime.replicas import ModelReplicas
+from .gpu_wire import PeerLost
+from ..runtime.thread_state import ThreadState
+from ..runtime.stream_handoff import arrive
 
 PR_SET_PDEATHSIG = 1
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt
@@ -72,8 +72,8 @@ class _Devices:
 class Stage:
     """One device's side of a group's steps, in its own process."""
 
-    def __init__(self, me: int, model, plan, build, transport, activity):
-        self.me, self.model, self.plan, self.transport, self.activity = me, model, plan, transport, activity
+    def __init__(self, me: int, model, plan, build, wire, activity):
+        self.me, self.model, self.plan, self.wire, self.activity = me, model, plan, wire, activity
         self.build = build  # the step's cells, this stage's alone runnable (step.build_step)
         self.device = plan.devices[me]
         self.replicas = ModelReplicas(model)
@@ -95,7 +95,7 @@ class Stage:
             for use in built.replica_uses:
                 if use.worker == self.me:
                     use.replicas.prefetch(self.me, self.device, built.step)
-            channel = OverWire(self.me, self.transport, self._say) if self.transport is not None else InProcess(
+            channel = OverWire(self.me, self.wire, self._say) if self.wire is not None else InProcess(
                 self._say)
             graph = CellGraph(built.step.cells, _Devices(self.plan.devices), step["seed"], channel=channel)
             graph.forward_of(self.me)
@@ -153,9 +153,9 @@ class Stage:
 
     def _sent(self) -> List[int]:
         """Messages and bytes this stage sent since it last said."""
-        if self.transport is None:
+        if self.wire is None:
             return [0, 0]
-        sent, self.transport.sent = self.transport.sent, [0, 0]
+        sent, self.wire.sent = self.wire.sent, [0, 0]
         return sent
 
 
@@ -196,7 +196,7 @@ def _watch_parent(parent: int) -> None:
 
 
 def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional[str], timeout: float, parent: int,
-               wire=None) -> None:
+               pipes=None) -> None:
     """A stage process's whole life: set up, then answer the trainer's
     commands until it says stop; any failure is reported, then the process
     ends (the trainer starts new stages)."""
@@ -207,21 +207,21 @@ def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional
         torch.set_num_threads(1)  # one core a CPU device, as a worker thread has
     else:
         torch.cuda.set_device(device)
-    from . import transport
-    transport.only_devices([device])
-    transport = None
+    from ..runtime import stream_handoff
+    stream_handoff.only_devices([device])
+    wire = None
     code = 0
     try:
-        if wire is not None:  # host memory: the stages' pipes (host_wire.py)
+        if pipes is not None:  # host memory: the stages' pipes (host_wire.py)
             from .host_wire import HostWire
-            transport = HostWire(me, *wire)
+            wire = HostWire(me, *pipes)
         elif plan.size > 1:
             from torch.distributed import FileStore
 
-            from .p2p import Transport
-            transport = Transport(me, plan.size, FileStore(store_path, plan.size), device, timeout,
+            from .gpu_wire import GpuWire
+            wire = GpuWire(me, plan.size, FileStore(store_path, plan.size), device, timeout,
                                   distinct_devices=len(set(plan.devices)) == plan.size)
-        stage = Stage(me, model, plan, build, transport, activity)
+        stage = Stage(me, model, plan, build, wire, activity)
         conn.send(("ready", None))
         while True:
             kind, payload = pickle.loads(conn.recv_bytes())

@@ -8,7 +8,7 @@ placement says otherwise); each such worker gets a replica: a copy of
 the module whose parameters share the master's storage where the device
 is the same (every plain CPU device, or virtual
 devices on one GPU) and hold a fresh copy of the master's values
-otherwise, made through :func:`.transport.arrive`.
+otherwise, made through :func:`.stream_handoff.arrive`.
 
 The copies stay off the step's critical path, the way DDP keeps its
 all-reduce off it (docs/design.md, "Replica copies"):
@@ -48,8 +48,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from . import transport
-from .transport import arrive, copies_done, prefetch_stream
+from . import stream_handoff
+from .stream_handoff import arrive, copies_done, prefetch_stream
 
 
 class Replicas:
@@ -73,10 +73,10 @@ class Replicas:
         # after what the caller queued on the device (the optimizer's update of a master there, which a
         # first copy reads on this stream); a host that waited for the device used to hide the order
         if stream is not None:
-            stream.wait_stream(transport.default_stream(device))
-        with transport.use_stream(stream):
+            stream.wait_stream(stream_handoff.default_stream(device))
+        with stream_handoff.use_stream(stream):
             self._refresh(worker, device, step)
-            self.ready[worker] = transport.record_event(device)
+            self.ready[worker] = stream_handoff.record_event(device)
         # a copy stream runs its copies in order: the latest event of a thread's stream covers its
         # earlier copies (a step without backward, such as validation, never reduces)
         reads = self.read.setdefault(worker, {})
@@ -93,10 +93,10 @@ class Replicas:
             return self._refresh(worker, device, step)
         event = self.ready.pop(worker, None)
         if event is not None:  # prefetched: wait for the copies, and keep their memory until this stream is done
-            stream = transport.current_stream(device)
+            stream = stream_handoff.current_stream(device)
             stream.wait_event(event)
             for param in replica.parameters():
-                transport.record_stream(param.data, stream)
+                stream_handoff.record_stream(param.data, stream)
         return replica
 
     def _refresh(self, worker: int, device: torch.device, step: object) -> nn.Module:
@@ -130,7 +130,7 @@ class Replicas:
         replica = self.copies.get(worker)
         if replica is None or not self.send_early:
             return
-        made = transport.record_event(device)  # after the backward that made them
+        made = stream_handoff.record_event(device)  # after the backward that made them
         sent = []
         for master, param in zip(self.master.parameters(), replica.parameters()):
             sent.append(None if param.grad is None else arrive(param.grad, master.device, made))
@@ -145,7 +145,7 @@ class Replicas:
         for worker in sorted(workers):
             for (source, _), event in self.read.pop(worker, {}).items():
                 if event is not None:
-                    transport.current_stream(source).wait_event(event)
+                    stream_handoff.current_stream(source).wait_event(event)
             replica = self.copies.get(worker)
             if replica is None:
                 continue

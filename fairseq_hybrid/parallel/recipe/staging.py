@@ -5,7 +5,7 @@ dropout masks) made on the host and put on the device of the cells that
 read it, so that a cell never copies from the host nor waits for it.
 
 Everything is made from the host's batch (:mod:`.host_batch`) and copied
-from pinned memory where the devices queue copies (:mod:`.transport`):
+from pinned memory where the devices queue copies (:mod:`..runtime.stream_handoff`):
 staging never waits for a device, which on GPUs would stall every worker.
 """
 
@@ -16,13 +16,13 @@ from typing import Dict, List, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from ..kernels.fused_output_loss import KeptTargets, kept_targets
-from ..kernels.sorted_packing import PackedLayout, chunk_lengths, sorted_layout
+from ...kernels.fused_output_loss import KeptTargets, kept_targets
+from ...kernels.sorted_packing import PackedLayout, chunk_lengths, sorted_layout
 from .batch_rows import MicroBatch, micro_batches_of, step_rows, softmax_groups, time_chunks
 from .device_plan import DevicePlan
-from .host_batch import host_of, on_host
+from ..runtime.host_batch import host_of, on_host
 from .single_device_masks import SingleDeviceMasks, draw_single_device_masks
-from .transport import arrive, to_devices
+from ..runtime.stream_handoff import arrive, to_devices
 
 
 class StagedShard(NamedTuple):
