@@ -110,6 +110,27 @@ def test_processes_equal_threads_bit_for_bit(mode, count, micro_batches, diction
     assert not torch.equal(processes_next[0], processes[0])
 
 
+@pytest.mark.parametrize("count", [2, 3])
+def test_the_attention_softmax_gradients_leave_every_stage_mid_pass_and_are_added_there(count, dictionaries):
+    """Each stage hands over the attention-softmax part's gradients (its
+    replica's, or the master's on the master's stage) as soon as its last
+    cell on the part has run backward, not with its reply; the trainer adds
+    them while a stage still runs its pass."""
+    src_dict, tgt_dict = dictionaries
+    criterion = HybridCrossEntropyCriterion(StandInTask(src_dict, tgt_dict), False, 0.1)
+    torch.manual_seed(0)
+    model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS, hybrid_devices=",".join(["cpu"] * count),
+                        hybrid_workers="processes")
+    criterion(model.train(), make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS))[0].backward()
+    stages = model.hybrid_group.stages
+    names = [name for name, _ in model.named_parameters()]
+    part = sorted(name for name in names if name.startswith("decoder.attention_softmax."))
+    handed = {me: {names[position] for position in positions} for me, positions in stages.handed_mid_pass.items()}
+    assert sorted(handed) == list(range(count))
+    assert all(handed[me] >= set(part) for me in handed), handed  # (and a reverse direction's replica, on stage 1)
+    assert stages.added_early == (count - 1) * len(part)
+
+
 def test_two_backward_passes_before_the_optimizer_add_up(dictionaries):
     """--update-freq 2: a gradient that is a stage's buffer is copied
     before the second backward pass writes the buffer again, so the sum is

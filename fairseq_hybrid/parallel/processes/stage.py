@@ -10,9 +10,10 @@ through :class:`~.cell_graph.CellGraph` itself with the channel
 :class:`~.channels.OverWire`: where an input comes from another device (or
 a gradient goes back to one) it takes the message from its wire
 (:mod:`.host_wire` on host memory, :mod:`.gpu_wire` between GPUs) instead of
-another thread.  It reports its loss sums, then, after the backward pass,
-which parameters it filled with gradients, into buffers it shares with the
-trainer (docs/design.md, "A host per device").  The trainer's side is
+another thread.  It reports its loss sums; in the backward pass it hands
+the trainer a replicated part's gradients as soon as its last cell on the
+part is done, and the rest with its reply, through buffers it shares with
+the trainer (docs/design.md, "A host per device").  The trainer's side is
 :mod:`.stage_processes`.
 """
 
@@ -26,7 +27,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Dict, List, Optional
+from functools import partial
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -72,14 +74,16 @@ class _Devices:
 class Stage:
     """One device's side of a group's steps, in its own process."""
 
-    def __init__(self, me: int, model, plan, build, wire, activity):
+    def __init__(self, me: int, model, plan, build, wire, activity, tell: Callable[[str, Dict], None]):
         self.me, self.model, self.plan, self.wire, self.activity = me, model, plan, wire, activity
+        self.tell = tell  # a message to the trainer in the middle of a command (a replica's gradients)
         self.build = build  # the step's cells, this stage's alone runnable (step.build_step)
         self.device = plan.devices[me]
         self.replicas = ModelReplicas(model)
         self.params = list(model.parameters())
         self.index = {id(param): position for position, param in enumerate(self.params)}
-        self.buffers: Dict[int, Tensor] = {}  # gradient buffers shared with the trainer, by parameter
+        # gradient buffers shared with the trainer, by parameter position and whether handed over mid-pass
+        self.buffers: Dict[Tuple[int, bool], Tensor] = {}
         self.graph: Optional[CellGraph] = None
         self.built = None
 
@@ -97,7 +101,10 @@ class Stage:
                     use.replicas.prefetch(self.me, self.device, built.step)
             channel = OverWire(self.me, self.wire, self._say) if self.wire is not None else InProcess(
                 self._say)
-            graph = CellGraph(built.step.cells, _Devices(self.plan.devices), step["seed"], channel=channel)
+            hand_offs = [(use.cells, partial(self._hand_off, use)) for use in built.replica_uses + built.master_uses
+                         if use.worker == self.me]
+            graph = CellGraph(built.step.cells, _Devices(self.plan.devices), step["seed"], channel=channel,
+                              after_last_backward=hand_offs)
             graph.forward_of(self.me)
         results = {}
         for cell in built.results:
@@ -125,27 +132,51 @@ class Stage:
             if param.grad is not None:
                 filled[position] = param.grad
                 param.grad = None
-        for use in built.replica_uses:
+        for use in built.replica_uses:  # handed over already, unless a hook failed to run
             replica = use.replicas.copies.get(self.me) if use.worker == self.me else None
-            for master, param in zip(use.replicas.master.parameters(), replica.parameters() if replica else ()):
-                if param.grad is not None:
-                    position = self.index[id(master)]
-                    grad = arrive(param.grad, self.device)
-                    filled[position] = grad if position not in filled else filled[position] + grad
-                    param.grad = None
+            if replica is not None and any(param.grad is not None for param in replica.parameters()):
+                raise StageError("a replica's gradients were not handed over after its last cell")
+        reply = self._shared(filled, mid_pass=False)
+        _synchronize(self.device)
+        return {**reply, "busy": graph.busy[self.me] - busy, "peak_mib": peak_mib(self.device),
+                "sent": self._sent()}
+
+    def _hand_off(self, use) -> None:
+        """A replicated part's gradients (a replica's, or the master's on
+        its own worker), to the trainer as soon as this stage's last cell
+        on the part has run backward: the trainer adds them while the
+        stages' backward passes go on (:mod:`.gradient_sums`).  A
+        parameter that a later cell fills again (a tied embedding) is
+        handed over again with the reply."""
+        module = use.replicas.master if use.worker == use.home else use.replicas.copies.get(self.me)
+        filled: Dict[int, Tensor] = {}
+        for master, param in zip(use.replicas.master.parameters(), module.parameters() if module else ()):
+            if param.grad is not None:
+                filled[self.index[id(master)]] = arrive(param.grad, self.device)
+                param.grad = None
+        if filled:
+            reply = self._shared(filled, mid_pass=True)
+            _synchronize(self.device)
+            self.tell("part", reply)
+
+    def _shared(self, filled: Dict[int, Tensor], mid_pass: bool) -> Dict:
+        """``filled`` copied into the buffers this stage shares with the
+        trainer (one set for the hand-overs in the middle of a pass, one
+        for the reply, so that a parameter handed over twice in a pass
+        keeps both parts); which positions, and the buffers shared for the
+        first time, by ``(position, mid_pass)``."""
         new = {}
         for position, grad in filled.items():
-            buffer = self.buffers.get(position)
+            key = (position, mid_pass)
+            buffer = self.buffers.get(key)
             if buffer is None or buffer.shape != grad.shape or buffer.dtype != grad.dtype:
                 buffer = grad.detach().clone(memory_format=torch.contiguous_format)
                 if buffer.device.type == "cpu":
                     buffer.share_memory_()
-                self.buffers[position] = new[position] = buffer
+                self.buffers[key] = new[key] = buffer
             else:
                 buffer.copy_(grad)
-        _synchronize(self.device)
-        return {"filled": sorted(filled), "new_buffers": new, "busy": graph.busy[self.me] - busy,
-                "peak_mib": peak_mib(self.device), "sent": self._sent()}
+        return {"filled": sorted(filled), "new_buffers": new}
 
     def _say(self, text: str) -> None:
         """What this stage does now, for the trainer to name if it hangs or dies."""
@@ -221,17 +252,19 @@ def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional
             from .gpu_wire import GpuWire
             wire = GpuWire(me, plan.size, FileStore(store_path, plan.size), device, timeout,
                                   distinct_devices=len(set(plan.devices)) == plan.size)
-        stage = Stage(me, model, plan, build, wire, activity)
+        def tell(kind: str, reply: Dict) -> None:
+            if reply.get("new_buffers"):
+                conn.send((kind, reply))  # torch's reductions share the buffers' memory (multiprocessing's pickler)
+            else:
+                conn.send_bytes(plain_tensors.dumps((kind, reply)))
+
+        stage = Stage(me, model, plan, build, wire, activity, tell)
         conn.send(("ready", None))
         while True:
             kind, payload = pickle.loads(conn.recv_bytes())
             if kind == "stop":
                 break
-            reply = stage.forward(payload) if kind == "forward" else stage.backward(payload)
-            if reply.get("new_buffers"):
-                conn.send(("ok", reply))  # torch's reductions share the buffers' memory (multiprocessing's pickler)
-            else:
-                conn.send_bytes(plain_tensors.dumps(("ok", reply)))
+            tell("ok", stage.forward(payload) if kind == "forward" else stage.backward(payload))
     except EOFError:  # the trainer is gone
         code = 1
     except BaseException as error:  # reported, never lost

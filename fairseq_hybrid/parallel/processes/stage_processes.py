@@ -39,6 +39,7 @@ from ..runtime.host_batch import host_of, on_host
 from . import plain_tensors
 from .host_wire import wire_ends
 from ..runtime.shard_sums import sum_on
+from .gradient_sums import StageOrderSums
 from .stage import keep_freed_memory, stage_main
 from ..runtime.thread_state import capture
 from ..runtime.worker import WorkerError, WorkerTimeout
@@ -68,10 +69,14 @@ class StageProcesses:
         self.conns: List = []
         self.activity: List = []
         self.pointers: Tuple[int, ...] = ()
-        self.buffers: List[Dict[int, Tensor]] = []
+        self.buffers: List[Dict[Tuple[int, bool], Tensor]] = []  # each stage's, as its own
         # parameters whose .grad is a stage's buffer itself, or a sum kept from step to step (``sums``)
         self.lent: Dict[int, Tensor] = {}
         self.sums: Dict[int, Tensor] = {}
+        # the last backward pass's parameters (by position) each stage handed over in the middle of it,
+        # and how many gradient parts were added while a stage still ran it
+        self.handed_mid_pass: Dict[int, List[int]] = {}
+        self.added_early = 0
         self.store_dir: Optional[str] = None
         self._finalizer = None
         self.usage: Optional[DeviceUsage] = None  # the last forward pass's, completed by its backward
@@ -201,7 +206,9 @@ class StageProcesses:
 
     def backward(self, refs: Sequence[Tuple[int, int, int]], grads: Sequence[Optional[Tensor]]) -> None:
         """The stages' backward pass from the loss sums' gradients; their
-        gradients added into the parameters, stage by stage."""
+        gradients added into the parameters in stage order, each part as
+        soon as that order allows (:mod:`.gradient_sums`): a replica's
+        while the stages' backward passes go on."""
         for position, buffer in self.lent.items():
             if self.params[position].grad is buffer:  # a second backward before the optimizer used it
                 self.params[position].grad = buffer.clone()
@@ -214,37 +221,31 @@ class StageProcesses:
         started = time.perf_counter()
         for conn, mine in zip(self.conns, per_stage):
             conn.send_bytes(plain_tensors.dumps(("backward", mine)))
-        replies = self._replies(range(len(self.conns)), self.timeout, "backward")
+        sums = StageOrderSums(self.params, len(self.conns), self.sums)
+        self.handed_mid_pass = {}
+
+        def hand_over(me: int, reply: Dict) -> None:  # a stage's gradients: some mid-pass, the rest at its end
+            self.buffers[me].update(reply["new_buffers"])
+            mid_pass = "busy" not in reply
+            with torch.no_grad():
+                sums.offer(me, reply["filled"], [self.buffers[me][position, mid_pass] for position in reply["filled"]],
+                           mid_pass)
+            if not mid_pass:
+                sums.end(me)
+            else:
+                self.handed_mid_pass.setdefault(me, []).extend(reply["filled"])
+
+        replies = self._replies(range(len(self.conns)), self.timeout, "backward", hand_over)
         if self.report_usage is not None and self.usage is not None:
             self.report_usage(DeviceUsage([busy + reply["busy"] for busy, reply in zip(self.usage.busy, replies)],
                                           self.usage.wall + time.perf_counter() - started))
-        contributions: Dict[int, List[Tensor]] = {}
         self.sent = [0, 0]  # the step's messages and bytes between the stages (forward and backward)
         for me, reply in enumerate(replies):
             self.sent = [total + part for total, part in zip(self.sent, reply["sent"])]
             self.peak_mib[me] = reply["peak_mib"]
-            self.buffers[me].update(reply["new_buffers"])
-            for position in reply["filled"]:
-                contributions.setdefault(position, []).append(self.buffers[me][position])
         with torch.no_grad():
-            for position, grads_of in contributions.items():
-                param = self.params[position]
-                if param.grad is None and len(grads_of) == 1 and grads_of[0].device == param.device:
-                    param.grad = self.lent[position] = grads_of[0]
-                    continue
-                if param.grad is None:  # several stages' parts: summed into a tensor kept from step to step
-                    total = self.sums.get(position)
-                    if total is None or total.shape != param.shape or total.dtype != param.dtype:
-                        total = self.sums[position] = torch.empty_like(param)
-                    if len(grads_of) > 1 and all(grad.device == param.device for grad in grads_of[:2]):
-                        torch.add(grads_of[0], grads_of[1], out=total)  # one pass over the memory, not two
-                        grads_of = grads_of[2:]
-                    else:
-                        total.copy_(grads_of[0])
-                        grads_of = grads_of[1:]
-                    param.grad = self.lent[position] = total
-                for grad in grads_of:
-                    param.grad.add_(grad.to(param.device))
+            self.lent = sums.into_params()
+        self.added_early = sums.added_early
 
     # -- waiting ---------------------------------------------------------------------
 
@@ -254,13 +255,16 @@ class StageProcesses:
         for device in {param.device for param in self.params if param.device.type == "cuda"}:
             torch.cuda.current_stream(device).synchronize()
 
-    def _replies(self, stages: Sequence[int], timeout: float, doing: str) -> List:
+    def _replies(self, stages: Sequence[int], timeout: float, doing: str,
+                 hand_over: Optional[Callable[[int, Dict], None]] = None) -> List:
         """Every stage's reply to the command just sent, in stage order.  A
         failure, a death or the timeout ends every stage and raises, naming
         the stage, its device and its cell; after a first failure the others
         have ``GRACE`` seconds to report theirs, so that the cause is named
         (a stage that died, or one whose own cell failed) rather than a
-        stage that lost its peer because of it."""
+        stage that lost its peer because of it.  ``hand_over`` gets each
+        stage's gradients as they come: a replica's in the middle of its
+        backward pass ("part" messages), then its reply."""
         replies: Dict[int, object] = {}
         # stage -> (0 died, 1 its own error, 2 lost a peer; what happened; the stage's traceback)
         failures: Dict[int, Tuple[int, str, str]] = {}
@@ -290,6 +294,10 @@ class StageProcesses:
                         message = conn.recv()
                     except (EOFError, OSError):
                         pass
+                if message is not None and message[0] == "part":
+                    if not failures:  # after a failure the step is lost: only the causes are wanted
+                        self._hand_over(hand_over, me, message[1])
+                    continue
                 waiting.discard(me)
                 if message is None:
                     failures[me] = (0, self._death(me), "")
@@ -297,8 +305,10 @@ class StageProcesses:
                     text, peer_lost = message[1]
                     first = text.strip().splitlines()[0] if text.strip() else "?"
                     failures[me] = (2 if peer_lost else 1, f"failed: {first}", "\n" + text)
-                else:
+                else:  # "ok", or "ready" at the start
                     replies[me] = message[1]
+                    if hand_over is not None and not failures:
+                        self._hand_over(hand_over, me, message[1])
                 if failures:
                     deadline = min(deadline, time.monotonic() + GRACE)
         if failures:
@@ -307,6 +317,13 @@ class StageProcesses:
             _, what, stack = failures[me]
             raise WorkerError(f"hybrid stage {me} ({self.plan.devices[me]}) {what}, {doing}{stack}")
         return [replies[me] for me in stages]
+
+    def _hand_over(self, hand_over, me: int, reply: Dict) -> None:
+        try:
+            hand_over(me, reply)
+        except BaseException:
+            self.close()  # the step is lost: no stage is left waiting for a command that will not come
+            raise
 
     def _death(self, me: int) -> str:
         process, where = self.processes[me], self._activity(me)

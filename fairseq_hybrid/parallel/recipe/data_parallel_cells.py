@@ -35,4 +35,5 @@ def data_parallel_cells(model, plan: DevicePlan, staged: StagedStep, shard_loss,
         work = Work("whole_model", shard.rows.stop - shard.rows.start, (shard.rows.start, shard.rows.stop))
         outputs.append(step.add(f"whole-model shard {worker}", worker, [], with_masks(shard.masks, run_shard), work))
     return BuiltStep(step, outputs, tuple(replica_uses(whole_models, {worker: [outputs[worker]]
-                                                                     for worker in range(1, len(outputs))}, 0)))
+                                                                     for worker in range(1, len(outputs))}, 0)),
+                     tuple(replica_uses(whole_models, {0: [outputs[0]]}, 0)))

@@ -58,6 +58,7 @@ def hybrid_cells(model, plan: DevicePlan, staged: StagedStep, shard_loss,
     step = StepBuilder(model, plan, replicas or ModelReplicas(model), only)
     outputs: List[int] = []
     uses: List[ReplicaUse] = []
+    master_uses: List[ReplicaUse] = []
     # A micro-batch enters the wavefront a K-th of its source chunks after
     # the one before it (the simulator's best for the paper's setting lay
     # between a 4th and a 3rd of them, whatever the chunk length).
@@ -70,15 +71,17 @@ def hybrid_cells(model, plan: DevicePlan, staged: StagedStep, shard_loss,
         encoder_output, final_states, direction_uses = _add_encoder(step, batch)
         encoder_shards = _add_encoder_top(step, batch, encoder_output)
         decoder_chunks = _add_decoder(step, batch, final_states)
-        shard_outputs, attention_uses = _add_attention_softmax(step, batch, shard_loss, encoder_shards,
-                                                               decoder_chunks, sinks)
+        shard_outputs, attention_uses, attention_master = _add_attention_softmax(step, batch, shard_loss,
+                                                                                 encoder_shards, decoder_chunks, sinks)
         outputs += shard_outputs
         uses += attention_uses + direction_uses
+        master_uses += attention_master
     step.prefix, step.not_before = "", 0
     # one use per replica and worker, over every micro-batch's cells, in the
     # order the replicas are first needed: their parameter copies queue one
     # behind the other on their master's device
-    return BuiltStep(step, outputs, tuple(sorted(merged_uses(uses), key=lambda use: min(use.cells))))
+    return BuiltStep(step, outputs, tuple(sorted(merged_uses(uses), key=lambda use: min(use.cells))),
+                     tuple(merged_uses(master_uses)))
 
 
 def _add_encoder(step: StepBuilder, batch: StagedBatch):
@@ -240,14 +243,15 @@ def _add_decoder(step: StepBuilder, batch: StagedBatch, final_states) -> List[in
 
 def _add_attention_softmax(step: StepBuilder, batch: StagedBatch, shard_loss, encoder_shards: int,
                            decoder_chunks: List[int], sinks: Dict[int, GradientSink]
-                           ) -> Tuple[List[int], List[ReplicaUse]]:
+                           ) -> Tuple[List[int], List[ReplicaUse], List[ReplicaUse]]:
     """One cell per (batch shard, group of time chunks): the shard's device
     starts on a group as soon as the top decoder layer has produced its
     last chunk (one chunk a group: as soon as it is made), with its own
     replica of the attention-softmax parameters (the master's own worker
     with the master), summing its output layer's gradient into its
     device's sink (``sinks``, by worker; the loss's cells are added into
-    one total, :class:`GradientSink`)."""
+    one total, :class:`GradientSink`).  Returns the cells, the replicas'
+    uses and the master's own (its worker's cells on it)."""
     model, plan = step.model, step.plan
     encoder, decoder = model.encoder.stack, model.decoder.stack
     part = model.decoder.attention_softmax
@@ -274,6 +278,7 @@ def _add_attention_softmax(step: StepBuilder, batch: StagedBatch, shard_loss, en
             chunks = f"chunk {group[0]}" if len(group) == 1 else f"chunks {group[0]}-{group[-1]}"
             outputs.append(step.add(f"attention-softmax {shard} {chunks}", worker, inputs,
                                     with_masks(mask, run_shard), work))
-            if worker != master_worker:
-                replica_cells.setdefault(worker, []).append(outputs[-1])
-    return outputs, replica_uses(replicas, replica_cells, master_worker)
+            replica_cells.setdefault(worker, []).append(outputs[-1])
+    master_cells = {master_worker: replica_cells.pop(master_worker)} if master_worker in replica_cells else {}
+    return outputs, replica_uses(replicas, replica_cells, master_worker), replica_uses(replicas, master_cells,
+                                                                                       master_worker)

@@ -83,6 +83,9 @@ class BuiltStep(NamedTuple):
     # device the placement gives them, of the whole model (data mode) on
     # workers other than the first
     replica_uses: Tuple[ReplicaUse, ...] = ()
+    # the master's own worker's cells on a replicated part (the attention-softmax), whose gradients are
+    # complete after the last of them: a stage in a process of its own hands them over then
+    master_uses: Tuple[ReplicaUse, ...] = ()
 
 
 def replica_uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[ReplicaUse]:
