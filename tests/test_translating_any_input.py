@@ -170,6 +170,7 @@ def test_invalid_utf8_nul_and_crlf_keep_every_line_in_its_place(random_run, hub,
     assert hub.translate(lines) == [alone(first), alone("\ufffd\ufffd\ufffdabc"), alone(third), alone(" " + second), ""]
     assert "line 2: invalid UTF-8" in stderr and "line 4: 1 control character" in stderr
     assert "line 1:" not in stderr and "line 3:" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("5 lines translated (5 with a translation, 0 empty after")
 
 
 def test_a_long_line_without_punctuation_is_cut_at_the_limit(hub, alone):
@@ -223,6 +224,7 @@ def test_a_line_that_fails_is_named_and_empty_and_the_others_are_translated(
     assert output_lines(stdout.getvalue()) == [alone32[0], "", alone32[1], alone32[2]]
     assert "line 2: not translated: RuntimeError: the model cannot take this line" in stderr
     assert "error: 1 of 4 lines not translated (empty in the output): lines 2" in stderr
+    assert "4 lines translated (3 with a translation, 1 empty after an error) in " in stderr
 
 
 def test_the_hub_logs_a_line_that_fails_and_gives_a_blank(hub, alone, fails_on_the_word, caplog):

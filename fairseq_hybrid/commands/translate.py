@@ -9,8 +9,9 @@ and split at ``\\n`` only (:mod:`fairseq_hybrid.translation.line_input`), transl
 and written as soon as their buffer is done.  On standard error: one
 message per line that was changed before translating (invalid UTF-8,
 control characters, too long for the model) or could not be translated,
-each naming the line's number, and a progress line every
-``--progress-seconds`` on long inputs.
+each naming the line's number, a progress line every
+``--progress-seconds`` on long inputs, and at the end the count of every
+line read, with how many have a translation.
 
 Exit status: 0 when every line was translated (notes or not), 1 when some
 lines could not be translated (each named on standard error, each an
@@ -89,6 +90,10 @@ def main(argv=None) -> int:
         if done % args.buffer_size == 0:
             out.flush()
     out.flush()
+    elapsed = time.monotonic() - started
+    # the last line on standard error counts every line, whatever the progress lines said before it
+    print(f"{done} lines translated ({done - len(failed)} with a translation, {len(failed)} empty after an error) "
+          f"in {elapsed:.1f} s", file=sys.stderr)
     if failed:
         shown = ", ".join(map(str, failed[:20])) + (" ..." if len(failed) > 20 else "")
         print(f"error: {len(failed)} of {done} lines not translated (empty in the output): lines {shown}",
