@@ -176,3 +176,20 @@ def test_group_sizes_the_model_cannot_hold_are_left_out(capsys):
     assert code == 0, printed.err
     assert "2 groups of 2 under DDP" in printed.out and "DDP on 4" in printed.out
     assert "group of 4" not in printed.out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["calibrate", "--help"]])
+def test_the_help_is_plain_words_and_its_usage_shows_the_command_and_calibrate(argv):
+    """A newcomer reads --help in a terminal: no reST markup, and a usage
+    line that shows where the fairseq-train command goes (and, for the plan,
+    that calibrate exists)."""
+    result = subprocess.run([os.path.join(BIN, "fairseq-hybrid-plan"), *argv], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    usage = result.stdout.split("\n\n")[0]
+    assert "-- fairseq-train DATA" in usage
+    assert ("calibrate DEVICES --out FILE" in usage) and (argv[0] == "calibrate" or "--gpus N" in usage)
+    markup = [mark for mark in ("``", ":func:", ":mod:", ":class:", ":meth:") if mark in result.stdout]
+    assert not markup, markup
+    # calibrate is for GPUs as well as CPU devices
+    assert "cuda:0,cuda:1" in result.stdout

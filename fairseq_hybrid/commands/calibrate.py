@@ -39,8 +39,28 @@ from ..train_command import OneLineParser, PlanError, measured_command, parse_tr
 __all__ = ["main"]
 
 
+USAGE = "fairseq-hybrid-plan calibrate DEVICES --out FILE [options] -- fairseq-train DATA [your fairseq-train options]"
+
+HELP = """Measure this machine's devices once, on your model and data, into a cost
+file that "fairseq-hybrid-plan --cost-file" and fairseq-train's
+--hybrid-cost-model read:
+
+  fairseq-hybrid-plan calibrate cpu,cpu --out costs.json -- fairseq-train data-bin --arch hybrid_lstm_base --max-tokens 2000
+  fairseq-hybrid-plan --gpus 2 --cost-file costs.json -- fairseq-train data-bin ...
+  fairseq-train data-bin ... --hybrid-devices cpu,cpu --hybrid-placement auto --hybrid-cost-model costs.json
+
+On GPUs (cuda:0,cuda:1,...) it measures the host time of each cell call,
+an LSTM layer's time per step by batch size and one GPU's tokens/s; what
+the GPUs of one machine cannot show (the link to another machine, the
+time of a step outside its cells) comes from the published set --base
+names. On CPU devices (cpu,cpu,...) it measures what --measure measures
+before it prices: the engine's cells, the model with 1 and K threads, K
+copies at once and gloo's all-reduce. Either way the file also holds the
+cost model a group of these devices makes its auto choices with."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="fairseq-hybrid-plan calibrate", description=__doc__,
+    parser = OneLineParser(prog="fairseq-hybrid-plan calibrate", usage=USAGE, description=HELP,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("devices", metavar="DEVICES",
                         help="the devices to calibrate: cpu,cpu,... or cuda:0,cuda:1,... (K of them)")

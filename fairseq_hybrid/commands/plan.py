@@ -39,7 +39,7 @@ before every later round, each round compared with its own price)::
   fairseq-hybrid-plan --measure cpu,cpu -- fairseq-train data-bin --arch hybrid_lstm_base --max-tokens 2000
 
 ``fairseq-hybrid-plan calibrate DEVICES --out FILE -- fairseq-train ...``
-measures CPU devices once into a cost file that ``--cost-file`` and
+measures this machine's GPUs or CPU devices once into a cost file that ``--cost-file`` and
 ``--hybrid-cost-model`` read (:mod:`.calibrate`; ``calibrate --help``).
 """
 
@@ -185,8 +185,43 @@ def integers(text: str) -> List[int]:
     return values
 
 
+USAGE = """fairseq-hybrid-plan --gpus N [options] -- fairseq-train DATA [your fairseq-train options]
+       fairseq-hybrid-plan --measure cpu,cpu [options] -- fairseq-train DATA [...]
+       fairseq-hybrid-plan calibrate DEVICES --out FILE -- fairseq-train DATA [...]"""
+
+HELP = """What to run on N GPUs for the fairseq-train command you train with, predicted.
+
+Give it your fairseq-train command after -- and the number of GPUs you have.
+It keeps what one step of your command trains (--max-tokens or --batch-size,
+times --update-freq) and prices every way of training that on N GPUs: one
+GPU, fairseq's DDP (the batch split over the GPUs), one hybrid group of N,
+and groups under DDP. It prints the predicted tokens/s of each, marks the
+fastest and prints the command line that runs it:
+
+  fairseq-hybrid-plan --gpus 4 -- fairseq-train data-bin --arch hybrid_lstm_paper --max-tokens 6400
+  fairseq-hybrid-plan --gpus 8 -- fairseq-train - --arch hybrid_lstm_paper --batch-size 128
+
+Every figure is a prediction: no two GPUs have run this code. The GPUs'
+costs come from a published set (--cost-set) or, better, from a cost file
+that your own GPUs measured:
+
+  fairseq-hybrid-plan calibrate cuda:0,cuda:1 --out gpus.json -- fairseq-train data-bin ...
+  fairseq-hybrid-plan --gpus 2 --cost-file gpus.json -- fairseq-train data-bin ...
+
+calibrate measures GPUs (cuda:0,...) or this machine's CPU devices
+(cpu,cpu,...); "fairseq-hybrid-plan calibrate --help" says more.
+
+With the data folder in the command, the batch's shape is read from its
+training batches (--batches of them); with - in its place, from
+--sentence-length and --vocabulary. --measure DEVICES also runs every way
+for a few steps on those devices and prints what it measured beside the
+prediction (on CPU devices after measuring this machine's costs)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="fairseq-hybrid-plan", description=__doc__,
+    """The command's options; its help is :data:`HELP`, plain words for a
+    terminal (this module's docstring is the developer's)."""
+    parser = OneLineParser(prog="fairseq-hybrid-plan", usage=USAGE, description=HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=None, help="the GPUs you have (N; with --measure, its devices)")
     parser.add_argument("--cost-set", default="a100", help=f"the GPUs' assumed costs: {', '.join(PUBLISHED_SETS)} "
