@@ -290,7 +290,7 @@ def phase_calibrate(args, result):
             result.update(ok=False, error=log[-3000:])
             return
     else:
-        from fairseq_hybrid.train_command import with_group_criterion
+        from fairseq_hybrid.command_lines.train_command import with_group_criterion
         from fairseq_hybrid.timing.plan_candidate import build
 
         measured = gpu_calibration.run({"train": with_group_criterion(train), "devices": ["cpu", "cpu"],

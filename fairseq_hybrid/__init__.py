@@ -32,7 +32,8 @@ with root_logging_kept():  # importing fairseq sets the root logger to DEBUG: un
 
     fairseq_patches.install()
 
-    from . import criterions, ja_mecab_bleu, models  # noqa: E402,F401
+    from . import criterions, models  # noqa: E402,F401
+    from .translation import ja_mecab_bleu  # noqa: E402,F401
 
 if os.environ.get("FAIRSEQ_HYBRID_VIRTUAL_DEVICES", "") in ("1", "true", "yes"):
     from .harness import virtual_devices

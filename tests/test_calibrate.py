@@ -17,7 +17,7 @@ from fairseq_hybrid.forecasts.race import race, uniform_batch
 from fairseq_hybrid.forecasts.workload import twin_of, workload
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 from fairseq_hybrid.timing.cpu_calibration import cpu_costs
-from fairseq_hybrid.train_command import measured_command, parse_training
+from fairseq_hybrid.command_lines.train_command import measured_command, parse_training
 
 TINY = ["--arch", "hybrid_lstm_tiny", "--max-tokens", "400", "--source-lang", "ja", "--target-lang", "en"]
 

@@ -248,3 +248,10 @@ def test_the_benchmarks_stay_under_a_fifth_of_the_code():
     benchmarks = python_lines("benchmarks")
     rest = python_lines("fairseq_hybrid", "scripts", "recipes")
     assert benchmarks / (benchmarks + rest) < 0.20, (benchmarks, rest)
+
+
+def test_the_package_root_holds_a_handful_of_modules():
+    """Everything else lives in a room (a folder) that says what it is: a new
+    module at the root must earn its place here."""
+    root = sorted(name for name in os.listdir(PACKAGE) if name.endswith(".py"))
+    assert root == ["__init__.py", "__main__.py", "fairseq_root_logging.py", "hybrid_group.py"]

@@ -1,4 +1,4 @@
-"""Validation BLEU on Japanese output (fairseq_hybrid/ja_mecab_bleu.py):
+"""Validation BLEU on Japanese output (fairseq_hybrid/translation/ja_mecab_bleu.py):
 the same number as sacrebleu's ja-mecab BLEU, and fairseq-train's
 --eval-bleu using it on an en-ja run, on one device and on a group."""
 

@@ -1,5 +1,5 @@
 """The fairseq-train options the package's commands set themselves
-(fairseq_hybrid/owned_options.py): each is an option fairseq-train knows
+(fairseq_hybrid/command_lines/owned_options.py): each is an option fairseq-train knows
 (a typo would silently set or drop nothing), and fairseq-hybrid-train
 refuses every one it sets."""
 
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from fairseq_hybrid import owned_options
+from fairseq_hybrid.command_lines import owned_options
 from fairseq_hybrid.commands.train import parse
 from fairseq_hybrid.hybrid_group import HybridGroupConfig
 

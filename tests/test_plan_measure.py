@@ -14,7 +14,7 @@ import torch
 
 from conftest import BIN
 from fairseq_hybrid.commands import plan
-from fairseq_hybrid import train_command
+from fairseq_hybrid.command_lines import train_command
 from fairseq_hybrid.forecasts import plan_prices, workload
 from fairseq_hybrid.timing.plan_candidate import padded_tokens
 from fairseq_hybrid.timing.training_steps import rows_of, share_of, synchronize

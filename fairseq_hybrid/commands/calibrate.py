@@ -34,7 +34,7 @@ from ..forecasts.cost_file import add_engine_cost_model, write, write_cpu
 from ..forecasts.gpu_costs import NAMED_SETS
 from ..timing.cpu_calibration import cpu_name
 from ..timing.plan_measure import MeasureError, calibrate, devices_of, run
-from ..train_command import OneLineParser, PlanError, measured_command, parse_training, split_command
+from ..command_lines.train_command import OneLineParser, PlanError, measured_command, parse_training, split_command
 
 __all__ = ["main"]
 

@@ -55,8 +55,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ..forecasts.gpu_costs import PUBLISHED_SETS
 from ..forecasts.plan_prices import plan, priced_rows
 from ..forecasts.workload import Workload, quietly, workload
-from ..owned_options import SET_BY_PLAN
-from ..train_command import (GROUP_CRITERION, NO_DATA, SAME_LOSS, USER_DIR, OneLineParser, PlanError,
+from ..command_lines.owned_options import SET_BY_PLAN
+from ..command_lines.train_command import (GROUP_CRITERION, NO_DATA, SAME_LOSS, USER_DIR, OneLineParser, PlanError,
                              measured_command, parse_training, split_command, with_group_criterion, without)
 from ..timing.plan_measure import (MeasureError, calibrate, devices_of, measure,
                                    measured_lines)

@@ -30,9 +30,9 @@ import subprocess
 import sys
 from typing import List, Optional
 
-from .. import rank_liveness as liveness
-from ..owned_options import SET_BY_TRAIN
-from ..train_command import USER_DIR
+from . import rank_liveness as liveness
+from ..command_lines.owned_options import SET_BY_TRAIN
+from ..command_lines.train_command import USER_DIR
 
 
 

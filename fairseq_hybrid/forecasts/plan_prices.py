@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Tuple
 
-from ..train_command import PlanError
+from ..command_lines.train_command import PlanError
 from .workload import Workload, workload
 
 

@@ -10,7 +10,7 @@ import os
 import warnings
 from typing import Optional, Tuple
 
-from ..train_command import PlanError
+from ..command_lines.train_command import PlanError
 
 
 class Workload:
@@ -67,7 +67,7 @@ def data_shape(args, count: int) -> Tuple[float, float, float, int]:
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from ..train_command import command_batches
+    from ..command_lines.train_command import command_batches
 
     cfg = quietly(convert_namespace_to_omegaconf, args)
     task = tasks.setup_task(cfg.task)

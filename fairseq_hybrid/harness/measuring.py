@@ -19,7 +19,7 @@ import torch
 
 # the timed steps live with the plan's measuring, a product module; the benchmarks find them here too
 from ..timing.training_steps import backward_step, on_device, synchronize, train_steps
-from ..train_command import command_batches
+from ..command_lines.train_command import command_batches
 
 __all__ = [
     "USER_DIR", "COMMON", "SIZE", "NO_DATA", "read_args", "fairseq_lstm_args", "preset_args", "build",

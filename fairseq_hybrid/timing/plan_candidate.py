@@ -45,7 +45,7 @@ import torch
 
 from ..forecasts.data_parallel_cost import BUCKET_BYTES, gradient_bytes
 from . import ddp_rank
-from ..train_command import command_batches
+from ..command_lines.train_command import command_batches
 from .training_steps import share_of, spawned, train_steps
 
 __all__ = ["build", "padded_tokens", "main"]

@@ -22,7 +22,7 @@ import os
 import sys
 from typing import List
 
-from fairseq_hybrid.training_log import Curve, read_curve
+from fairseq_hybrid.timing.training_log import Curve, read_curve
 
 
 def plot(curves: List[Curve], out: str, title: str = "") -> None:

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 from .owned_options import SET_BY_MEASURE
 
 # the package's folder: fairseq imports it as --user-dir (and checkpoints record it)
-USER_DIR = os.path.dirname(os.path.abspath(__file__))
+USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package folder
 NO_DATA = "-"  # the data folder in a command planned without data
 # criteria whose loss hybrid_cross_entropy computes (with the command's --label-smoothing, 0 by default): a
 # group runs its cells through it, and on one device and under DDP its fused output layer is faster, so every
@@ -54,7 +54,7 @@ def split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
 def parse_training(train: List[str]):
     """The user's command as fairseq parses it (``fairseq_hybrid`` imported
     first, so its architectures and options are registered)."""
-    from . import models  # noqa: F401  (registers hybrid_lstm)
+    from .. import models  # noqa: F401  (registers hybrid_lstm)
     from fairseq import options
 
     parser = options.get_training_parser()
