@@ -193,3 +193,16 @@ def test_the_help_is_plain_words_and_its_usage_shows_the_command_and_calibrate(a
     assert not markup, markup
     # calibrate is for GPUs as well as CPU devices
     assert "cuda:0,cuda:1" in result.stdout
+
+
+def test_a_scaled_cost_file_is_printed_as_scaled_not_as_a_gpus_own():
+    """docs/bench/cost_file_h200_joined_softmax.json is the H200's file with
+    its host time per call scaled on a CPU: the plan's header says so, with
+    the ratios and the commit that holds the scripts that made it."""
+    from fairseq_hybrid.forecasts.cost_file import load, provenance
+
+    scaled = provenance(load(os.path.join(REPO, "docs", "bench", "cost_file_h200_joined_softmax.json")))
+    assert scaled.startswith("scaled, not measured: docs/bench/cost_file_h200.json (NVIDIA H200")
+    assert "attention_softmax x 1.923, lstm x 0.939" in scaled and scaled.endswith("as of 70ef43e")
+    measured = provenance(load(os.path.join(REPO, "docs", "bench", "cost_file_h200.json")))
+    assert measured == "NVIDIA H200, torch 2.11.0+cu130, benchmarks/gpu_check.py calibrate, 2026-12-04"

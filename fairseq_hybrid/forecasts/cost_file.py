@@ -126,7 +126,21 @@ def register(path: str) -> CostFile:
     gpu_costs.COST_SETS[name] = dict(gpu_costs.COST_SETS[base])
     gpu_costs.STEP_US[name] = gpu_costs.STEP_US[base]
     gpu_costs.LSTM_CURVES[name] = (_curve(data["lstm"], path), int(data["lstm"]["reference_batch"]))
-    return CostFile(name, path, base, float(data["one_device_tokens_per_s"]), str(data.get("measured_on", "")))
+    return CostFile(name, path, base, float(data["one_device_tokens_per_s"]), provenance(data))
+
+
+def provenance(data: Dict) -> str:
+    """Where a cost file's figures come from, as the plan prints it: the
+    GPU and the run that measured it, or, for a file scaled from another
+    (``scaled``), that it is a prediction, from what, by which script at
+    which commit."""
+    measured = str(data.get("measured_on", ""))
+    scaled = data.get("scaled")
+    if not isinstance(scaled, dict):
+        return measured
+    ratios = ", ".join(f"{kind} x {ratio:.3f}" for kind, ratio in sorted(scaled.get("ratios", {}).items()))
+    return (f"scaled, not measured: {scaled.get('from', '?')} ({measured}) with its host time per call {ratios}, "
+            f"by benchmarks/scale_cost_file.py as of {scaled.get('scripts_at', '?')}")
 
 
 def write(path: str, *, base: str, tokens_per_s: float, lstm_seconds: Dict, host_cost: Dict, measured_on: str,
