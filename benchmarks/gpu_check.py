@@ -25,7 +25,7 @@ LOADED = time.time()
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 PHASE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_phases.py")
-COST_FILE = "cost_file.json"  # what the calibrate phase writes (gpu_phase_base.COST_FILE), kept in --out
+COST_FILE = "cost_file.json"  # what the calibrate phase writes (fairseq_hybrid.harness.gpu_phases.base.COST_FILE), kept in --out
 PHASES = ("exactness", "precision", "calibrate", "cells", "workers", "streams")
 # seconds per phase; with the start of each child they fit BUDGET, the 8 minutes a lent GPU machine gives
 LIMITS = {"exactness": 60, "precision": 115, "calibrate": 115, "cells": 45, "workers": 90, "streams": 55}

@@ -3,9 +3,9 @@
 each as ``gpu_phases.py NAME`` in a process group of its own under a hard
 limit (``--limit``), which this process also keeps itself: at the limit
 every thread's stack is dumped, the result kept (written on every change)
-and the whole group ended.  Each phase is a study of its own in
-``gpu_phase_NAME.py`` beside this file (what they share:
-``gpu_phase_base.py``); what each runs: docs/gpu.md.
+and the whole group ended.  Each phase is a study of its own,
+``fairseq_hybrid/harness/gpu_phases/NAME.py`` (what they share:
+``base.py`` there); what each runs: docs/gpu.md.
 """
 
 import argparse
@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from gpu_phase_base import PhaseResult, watch_limit
+from fairseq_hybrid.harness.gpu_phases.base import PhaseResult, watch_limit
 
 
 def main(argv=None):
@@ -31,7 +31,7 @@ def main(argv=None):
     result = PhaseResult(os.path.join(args.work, f"{args.phase}.json"))
     watch_limit(result, args.limit)  # the hard limit: stacks dumped, result kept, process group ended
     try:
-        phase = importlib.import_module(f"gpu_phase_{args.phase}")  # a file beside this one
+        phase = importlib.import_module(f"fairseq_hybrid.harness.gpu_phases.{args.phase}")
         getattr(phase, f"phase_{args.phase}")(args, result)
     finally:
         result.save()

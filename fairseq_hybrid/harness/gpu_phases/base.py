@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 
-REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 # fairseq's commands as modules of this interpreter: a GPU machine's python may carry fairseq on PYTHONPATH
 # (installed with --target) without its console scripts beside the interpreter
 FAIRSEQ_PREPROCESS = [sys.executable, "-m", "fairseq_cli.preprocess"]

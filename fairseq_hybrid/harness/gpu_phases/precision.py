@@ -4,7 +4,7 @@
 import os
 import re
 
-from gpu_phase_base import REPO, FAIRSEQ_TRAIN, TRAIN_LIMIT, devices_for, binarize, run_logged
+from .base import REPO, FAIRSEQ_TRAIN, TRAIN_LIMIT, devices_for, binarize, run_logged
 
 
 def phase_precision(args, result):

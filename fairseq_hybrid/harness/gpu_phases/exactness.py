@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from gpu_phase_base import REPO
+from .base import REPO
 
 
 def phase_exactness(args, result):

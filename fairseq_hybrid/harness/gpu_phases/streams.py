@@ -1,7 +1,7 @@
 """The GPU check's streams phase: a group's steps under PyTorch's CUDA Sanitizer
 on every worker, and a step with no host wait for the devices (docs/gpu.md)."""
 
-from gpu_phase_base import devices_for
+from .base import devices_for
 
 
 def phase_streams(args, result):

@@ -5,7 +5,7 @@ each device's host time per cell call and how far the hosts overlap
 import json
 import os
 
-from gpu_phase_base import COST_FILE, devices_for, timed
+from .base import COST_FILE, devices_for, timed
 
 
 def group_step(arch, devices, workers, device, steps, batch, length, vocab):

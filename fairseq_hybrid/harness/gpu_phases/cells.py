@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from gpu_phase_base import REPO
+from .base import REPO
 
 
 def phase_cells(args, result):

@@ -5,7 +5,7 @@ micro-batches (docs/gpu.md)."""
 import os
 import sys
 
-from gpu_phase_base import (CHUNK_SWEEP, COST_BASE, COST_FILE, MICRO_BATCH_SWEEP, binarize, devices_for, run_logged,
+from .base import (CHUNK_SWEEP, COST_BASE, COST_FILE, MICRO_BATCH_SWEEP, binarize, devices_for, run_logged,
                             timed)
 
 
