@@ -39,9 +39,8 @@ def worker_kind(option: str, devices) -> str:
     if option not in WORKER_KINDS:
         raise DevicePlanError(f"--hybrid-workers {option!r}: choose one of {', '.join(WORKER_KINDS)}")
     if option == "processes":
-        kinds = {(device.type, device.type == "cpu" and device.index is not None) for device in devices}
-        if kinds not in ({("cpu", False)}, {("cuda", False)}):
-            raise DevicePlanError("--hybrid-workers processes runs on plain cpu devices or cuda:N devices, "
+        if len({device.type for device in devices}) != 1:
+            raise DevicePlanError("--hybrid-workers processes runs on cpu devices or cuda:N devices, "
                                   f"not on {', '.join(str(device) for device in devices)}")
     return "threads" if option == "auto" else option
 

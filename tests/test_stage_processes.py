@@ -193,13 +193,14 @@ def test_validation_without_backward_then_training(dictionaries):
         torch.testing.assert_close(grads[name], grads_ref[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_processes_refuse_virtual_devices():
+def test_processes_take_one_kind_of_device():
     from fairseq_hybrid.hybrid_group import worker_kind
 
-    with pytest.raises(DevicePlanError, match="plain cpu devices or cuda:N"):
-        worker_kind("processes", [torch.device("cpu", 0), torch.device("cpu", 1)])
+    with pytest.raises(DevicePlanError, match="cpu devices or cuda:N devices"):
+        worker_kind("processes", [torch.device("cpu"), torch.device("cuda", 0)])
     with pytest.raises(DevicePlanError, match="choose one of auto, threads, processes"):
         worker_kind("fibres", [torch.device("cpu")])
+    assert worker_kind("processes", [torch.device("cpu", 0), torch.device("cpu", 1)]) == "processes"  # virtual
     assert worker_kind("auto", [torch.device("cpu")] * 2) == "threads"
 
 

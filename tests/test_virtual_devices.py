@@ -4,6 +4,7 @@ itself, the exactness suite under it, and regression tests for what only
 distinct devices show: a bidirectional layer's reverse direction running
 away from its weights, gradient clipping and --fp16 across devices."""
 
+import os
 import sys
 
 import pytest
@@ -134,6 +135,48 @@ def test_a_wait_on_a_workers_thread_outside_its_cells_is_recorded(dictionaries, 
     summed = [sync for sync in harness.step_syncs if "arrive_and_read" in sync.caller]
     assert summed and all(sync.cell.startswith("outside the cells (hybrid") for sync in summed), summed[:3]
     assert harness.syncs == []
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "model"])
+def test_a_group_in_processes_equals_one_device_and_waits_only_where_its_results_cross_host_memory(
+        mode, dictionaries):
+    """Each stage process checks its own ops on its virtual device (forked
+    with the trainer's harness, streams included) and reports the waits it
+    records with its replies.  A group in processes equals one device, and
+    waits only where the loss sums and their gradients still cross host
+    memory: a stage reading its loss sums back at the end of its forward
+    pass, the trainer reading their gradients back (docs/processes.md)."""
+    with virtual_devices() as harness:
+        check_equal(virtual(2), mode, dictionaries, batch_on_first_device=True,
+                    group_options={"hybrid_workers": "processes"})
+    waits = {(sync.op, os.path.basename(sync.caller.split(":")[0]), sync.cell)
+             for sync in harness.syncs + harness.step_syncs}
+    with_results = {"hybrid": (0, 1), "model": (1,)}[mode]  # the stages whose cells make loss sums
+    assert waits == {("device-to-host copy", "stage.py", f"stage {me}") for me in with_results} | {
+        ("device-to-host copy", "stage_processes.py", "outside the cells (MainThread)")}, waits
+    assert harness.streams.ops > 0 and harness.streams.races == []
+
+
+def test_a_wait_in_a_stages_cell_is_reported_with_its_line(dictionaries, monkeypatch):
+    """An ``.item()`` put by hand where a stage's cells finish their LSTM
+    layers is recorded in that stage's process and reaches the trainer's
+    harness, naming the stage and the line."""
+    from fairseq_hybrid.models.lstm_stacks import LayerFinishing
+
+    real = LayerFinishing.finish_layer
+
+    def finish_and_read(self, index, outputs, inputs, reverse=None):
+        outputs.reshape(-1)[0].item()  # the host waits for the device
+        return real(self, index, outputs, inputs, reverse)
+
+    monkeypatch.setattr(LayerFinishing, "finish_layer", finish_and_read)
+    with virtual_devices() as harness:
+        check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True,
+                    group_options={"hybrid_workers": "processes"})
+    read = [sync for sync in harness.syncs + harness.step_syncs if "finish_and_read" in sync.caller]
+    assert {sync.cell for sync in read} == {"stage 0", "stage 1"}, read[:4]
+    line = f":{finish_and_read.__code__.co_firstlineno + 1} (finish_and_read)"
+    assert all(sync.op == "_local_scalar_dense" and sync.caller.endswith(line) for sync in read)
 
 
 @pytest.mark.parametrize("mode, options", [

@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from . import virtual_streams
-from ..parallel.runtime import host_batch, thread_state
+from ..parallel.runtime import host_batch, stream_handoff, thread_state
 from ..parallel.runtime.worker import current_worker
 from .virtual_memory import DeviceMemory
 from .virtual_streams import StreamChecker, reads_and_writes
@@ -353,6 +353,9 @@ class _DeviceFunctions(TorchFunctionMode):
             return self.harness.pin(args[0])
         if func is torch.Tensor.is_pinned:
             return self.harness.is_pinned(args[0])
+        if func is torch.Tensor.share_memory_:  # new storage in shared memory: still on its device
+            device = self.harness.device_of(args[0])
+            return self.harness.place(func(*args, **kwargs), device)
         if func is torch.Tensor.type_as and isinstance(args[1], torch.Tensor):
             # CUDA: ``type_as`` takes the other tensor's device too (a tensor type names one)
             other = self.harness.device_of(args[1])
@@ -381,7 +384,9 @@ class _DeviceFunctions(TorchFunctionMode):
         # (cuda/Copy.cu: a strided source is first made contiguous in pageable memory); from pageable
         # memory, or the other way, the host waits
         queued = source is HOST and non_blocking and self.harness.is_pinned(tensor) and tensor.is_contiguous()
-        if (source is HOST) != (destination is HOST) and tensor.dim() > 0 and not queued:
+        # (a scalar from the host is copied with its value, as CUDA's fill of a 0-dim tensor takes it; a
+        # scalar back to the host waits for the device like any other copy)
+        if (source is HOST) != (destination is HOST) and (tensor.dim() > 0 or destination is HOST) and not queued:
             self.harness.record_sync("host-to-device copy" if source is HOST else "device-to-host copy",
                                      destination if source is HOST else source)
         return _Move.apply(tensor, self.harness, source, destination, dtype)
@@ -478,14 +483,52 @@ def virtual_devices(streams: bool = True) -> Iterator[VirtualDevices]:
     engine then runs as on plain CPU, without stream checks)."""
     harness = VirtualDevices(streams)
     thread_state.register(harness.capture)
-    previous = getattr(_local, "harness", None)
+    stages = _StageSide(harness)
+    thread_state.register_stage_hook(stages)
+    previous = getattr(_local, "harness", None), stream_handoff.virtual_shared
     _local.harness = harness
+    stream_handoff.virtual_shared = lambda tensor, device: harness.place(tensor, device.index)
     try:
         with harness.entered():
             yield harness
     finally:
-        _local.harness = previous
+        _local.harness, stream_handoff.virtual_shared = previous
+        thread_state.unregister_stage_hook(stages)
         thread_state.unregister(harness.capture)
+
+
+class _StageSide(thread_state.StageHook):
+    """The harness in a stage process (``--hybrid-workers processes``,
+    forked with the trainer's harness): the stage checks its own ops, and
+    the waits it records reach the trainer's lists with each reply, named
+    by the stage."""
+
+    def __init__(self, harness: VirtualDevices):
+        self.harness = harness
+
+    def entered(self):
+        harness = self.harness
+        harness.syncs, harness.step_syncs = [], []  # what the trainer recorded before the fork is the trainer's
+        _local.harness = harness
+        return harness.entered()
+
+    def report(self):
+        harness = self.harness
+        with harness._lock:
+            report = ([tuple(sync) for sync in harness.syncs], [tuple(sync) for sync in harness.step_syncs])
+            harness.syncs, harness.step_syncs = [], []
+        return report
+
+    def received(self, stage: int, report) -> None:
+        # a stage runs its cells on its own thread, with no worker to name the cell: the stage names it
+        def named(op, cell, device, caller):
+            return Sync(op, f"stage {stage}" if cell.startswith("outside the cells") else f"{cell} in stage {stage}",
+                        device, caller)
+
+        syncs, step_syncs = report
+        with self.harness._lock:
+            self.harness.syncs += [named(*sync) for sync in syncs]
+            self.harness.step_syncs += [named(*sync) for sync in step_syncs]
 
 
 def enable_from_environment() -> Optional[VirtualDevices]:

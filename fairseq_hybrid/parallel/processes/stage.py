@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import ExitStack
 from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -38,7 +39,7 @@ from ..runtime.cell_graph import CellGraph, Ref
 from ..runtime.channels import InProcess, OverWire
 from ..runtime.replicas import ModelReplicas
 from .gpu_wire import PeerLost
-from ..runtime.thread_state import ThreadState
+from ..runtime.thread_state import ThreadState, stage_hooks, step_scope
 from ..runtime.stream_handoff import arrive
 
 PR_SET_PDEATHSIG = 1
@@ -242,6 +243,7 @@ def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional
     stream_handoff.only_devices([device])
     wire = None
     code = 0
+    life = ExitStack()
     try:
         if pipes is not None:  # host memory: the stages' pipes (host_wire.py)
             from .host_wire import HostWire
@@ -253,18 +255,24 @@ def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional
             wire = GpuWire(me, plan.size, FileStore(store_path, plan.size), device, timeout,
                                   distinct_devices=len(set(plan.devices)) == plan.size)
         def tell(kind: str, reply: Dict) -> None:
+            if kind == "ok" and hooks:
+                reply["reports"] = [hook.report() for hook in hooks]
             if reply.get("new_buffers"):
                 conn.send((kind, reply))  # torch's reductions share the buffers' memory (multiprocessing's pickler)
             else:
                 conn.send_bytes(plain_tensors.dumps((kind, reply)))
 
+        hooks = stage_hooks()  # what other modules add to a stage for its life (the test harness)
+        for hook in hooks:
+            life.enter_context(hook.entered())
         stage = Stage(me, model, plan, build, wire, activity, tell)
         conn.send(("ready", None))
         while True:
             kind, payload = pickle.loads(conn.recv_bytes())
             if kind == "stop":
                 break
-            tell("ok", stage.forward(payload) if kind == "forward" else stage.backward(payload))
+            with step_scope():  # where the host must never wait for the device (the harness checks it)
+                tell("ok", stage.forward(payload) if kind == "forward" else stage.backward(payload))
     except EOFError:  # the trainer is gone
         code = 1
     except BaseException as error:  # reported, never lost

@@ -41,7 +41,8 @@ from .host_wire import wire_ends
 from ..runtime.shard_sums import sum_on
 from .gradient_sums import StageOrderSums
 from .stage import keep_freed_memory, stage_main
-from ..runtime.thread_state import capture
+from ..runtime.stream_handoff import shared_from
+from ..runtime.thread_state import capture, extras_entered, stage_hooks, step_scope
 from ..runtime.worker import WorkerError, WorkerTimeout
 
 START_SECONDS = 120.0  # for every stage to be up (spawn imports torch and fairseq)
@@ -225,7 +226,8 @@ class StageProcesses:
         self.handed_mid_pass = {}
 
         def hand_over(me: int, reply: Dict) -> None:  # a stage's gradients: some mid-pass, the rest at its end
-            self.buffers[me].update(reply["new_buffers"])
+            device = self.plan.devices[me]
+            self.buffers[me].update({key: shared_from(buffer, device) for key, buffer in reply["new_buffers"].items()})
             mid_pass = "busy" not in reply
             with torch.no_grad():
                 sums.offer(me, reply["filled"], [self.buffers[me][position, mid_pass] for position in reply["filled"]],
@@ -307,6 +309,8 @@ class StageProcesses:
                     failures[me] = (2 if peer_lost else 1, f"failed: {first}", "\n" + text)
                 else:  # "ok", or "ready" at the start
                     replies[me] = message[1]
+                    for hook, report in zip(stage_hooks(), (message[1] or {}).get("reports", ())):
+                        hook.received(me, report)  # the stage's side of what other modules added to it
                     if hand_over is not None and not failures:
                         self._hand_over(hand_over, me, message[1])
                 if failures:
@@ -342,12 +346,14 @@ class _StageBoundary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, stages: StageProcesses, refs, anchor: Tensor, *values: Tensor):
         ctx.stages, ctx.refs = stages, refs
+        ctx.state = capture()  # what other modules carry into autograd's backward (the test harness's modes)
         ctx.set_materialize_grads(False)
         return tuple(value.detach().clone() for value in values)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.stages.backward(ctx.refs, grads)
+        with extras_entered(ctx.state), step_scope():  # the step's backward half, on the trainer's side
+            ctx.stages.backward(ctx.refs, grads)
         return (None, None, None) + (None,) * len(grads)
 
 

@@ -40,6 +40,19 @@ from torch import Tensor
 virtual_checker: Callable[[], Optional[object]] = lambda: None
 
 
+# Set by fairseq_hybrid.harness.virtual_devices: tags a tensor that another process made on a virtual
+# device and shared with this one (its storage mapped here, which tells nothing of the device).
+virtual_shared: Callable[[Tensor, torch.device], Tensor] = lambda tensor, device: tensor
+
+
+def shared_from(tensor: Tensor, device: torch.device) -> Tensor:
+    """``tensor``, which another process made on ``device`` and shared
+    with this one: a GPU's tensor says its device itself (torch's CUDA
+    reductions), a plain CPU's is host memory either way; on virtual
+    devices the harness tags it with ``device``."""
+    return virtual_shared(tensor, device) if device.type == "cpu" and device.index is not None else tensor
+
+
 def _virtual(device: torch.device):
     if device.type != "cpu" or device.index is None:
         return None

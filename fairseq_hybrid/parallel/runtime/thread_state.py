@@ -92,6 +92,42 @@ def capture() -> ThreadState:
     return ThreadState(torch.is_grad_enabled(), autocast, extras)
 
 
+class StageHook:
+    """What a module adds to a stage process (``--hybrid-workers
+    processes``) for the stage's life: state to enter in the stage
+    (:meth:`entered`), what the stage reports with each reply
+    (:meth:`report`, picklable) and what the trainer does with it
+    (:meth:`received`).  The virtual-device harness is one: each stage
+    checks its own ops and reports the waits it recorded."""
+
+    def entered(self) -> ContextManager:
+        raise NotImplementedError
+
+    def report(self) -> object:
+        return None
+
+    def received(self, stage: int, report: object) -> None:
+        pass
+
+
+_stage_hooks: List[StageHook] = []
+
+
+def register_stage_hook(hook: StageHook) -> None:
+    if hook not in _stage_hooks:
+        _stage_hooks.append(hook)
+
+
+def unregister_stage_hook(hook: StageHook) -> None:
+    if hook in _stage_hooks:
+        _stage_hooks.remove(hook)
+
+
+def stage_hooks() -> List[StageHook]:
+    """The hooks registered now (a forked stage inherits the trainer's)."""
+    return list(_stage_hooks)
+
+
 _step = threading.local()
 
 
