@@ -137,21 +137,25 @@ def test_a_wait_on_a_workers_thread_outside_its_cells_is_recorded(dictionaries, 
     assert harness.syncs == []
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "model"])
-def test_a_group_in_processes_equals_one_device_and_waits_only_where_its_results_cross_host_memory(
-        mode, dictionaries):
+@pytest.mark.parametrize("mode, count", [("hybrid", 2), ("hybrid", 3), ("model", 2)])
+def test_a_group_in_processes_equals_one_device_touches_only_its_own_devices_and_waits_only_for_its_results(
+        mode, count, dictionaries):
     """Each stage process checks its own ops on its virtual device (forked
-    with the trainer's harness, streams included) and reports the waits it
-    records with its replies.  A group in processes equals one device, and
+    with the trainer's harness, streams included) and reports what it
+    recorded with its replies.  A group in processes equals one device;
+    each stage reads and writes only its own device's memory (a replica's
+    parameters come over the wire from the master's stage); and the step
     waits only where the loss sums and their gradients still cross host
     memory: a stage reading its loss sums back at the end of its forward
     pass, the trainer reading their gradients back (docs/processes.md)."""
     with virtual_devices() as harness:
-        check_equal(virtual(2), mode, dictionaries, batch_on_first_device=True,
+        check_equal(virtual(count), mode, dictionaries, batch_on_first_device=True,
                     group_options={"hybrid_workers": "processes"})
+    assert harness.stage_touched == {me: {me} for me in range(count)}
     waits = {(sync.op, os.path.basename(sync.caller.split(":")[0]), sync.cell)
              for sync in harness.syncs + harness.step_syncs}
-    with_results = {"hybrid": (0, 1), "model": (1,)}[mode]  # the stages whose cells make loss sums
+    # the stages whose cells make loss sums: every shard's in hybrid mode, the last stage's in model mode
+    with_results = range(count) if mode == "hybrid" else (count - 1,)
     assert waits == {("device-to-host copy", "stage.py", f"stage {me}") for me in with_results} | {
         ("device-to-host copy", "stage_processes.py", "outside the cells (MainThread)")}, waits
     assert harness.streams.ops > 0 and harness.streams.races == []

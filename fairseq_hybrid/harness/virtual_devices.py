@@ -113,6 +113,8 @@ class VirtualDevices:
         self.syncs: List[Sync] = []  # inside cells
         self.step_syncs: List[Sync] = []  # in a group's step outside its cells (staging, hand-offs, reduce)
         self.memory = DeviceMemory()
+        self.touched: set = set()  # the devices whose memory an op of this process read or wrote
+        self.stage_touched: Dict[int, set] = {}  # the same, as each stage process reported it
         self.streams: Optional[StreamChecker] = StreamChecker() if streams else None
 
     # -- tags ----------------------------------------------------------------
@@ -378,6 +380,7 @@ class _DeviceFunctions(TorchFunctionMode):
     def _move(self, tensor: torch.Tensor, destination: Optional[int], dtype, copy: bool = False,
               non_blocking: bool = False) -> torch.Tensor:
         source = self.harness.device_of(tensor)
+        self.harness.touched.update({source, destination} - {HOST})
         if source == destination and not copy:
             return tensor if dtype in (None, tensor.dtype) else tensor.to(dtype=dtype)
         # CUDA queues a host-to-device copy only from pinned, contiguous memory with non_blocking
@@ -407,6 +410,7 @@ class _DeviceDispatch(TorchDispatchMode):
         op = func.overloadpacket.__name__
         if op in COPIES:
             destination, source = harness.device_of(args[0]), harness.device_of(args[1])
+            harness.touched.update({source, destination} - {HOST})
             if destination != source:
                 with _copying(harness, source, destination):
                     out = func(*args, **kwargs)
@@ -427,6 +431,8 @@ class _DeviceDispatch(TorchDispatchMode):
                 device = requested  # factories given cpu:N, and dispatch-level moves
             elif not tensors:
                 device = _worker_device()  # factories: on a worker, its device (C++ makes them with options())
+        if device is not HOST:
+            harness.touched.add(device)
         if device is not HOST and op in SYNCHRONISING:
             harness.record_sync(op, device)
         out = func(*args, **kwargs)
@@ -509,13 +515,15 @@ class _StageSide(thread_state.StageHook):
     def entered(self):
         harness = self.harness
         harness.syncs, harness.step_syncs = [], []  # what the trainer recorded before the fork is the trainer's
+        harness.touched = set()
         _local.harness = harness
         return harness.entered()
 
     def report(self):
         harness = self.harness
         with harness._lock:
-            report = ([tuple(sync) for sync in harness.syncs], [tuple(sync) for sync in harness.step_syncs])
+            report = ([tuple(sync) for sync in harness.syncs], [tuple(sync) for sync in harness.step_syncs],
+                      sorted(harness.touched))
             harness.syncs, harness.step_syncs = [], []
         return report
 
@@ -525,8 +533,9 @@ class _StageSide(thread_state.StageHook):
             return Sync(op, f"stage {stage}" if cell.startswith("outside the cells") else f"{cell} in stage {stage}",
                         device, caller)
 
-        syncs, step_syncs = report
+        syncs, step_syncs, touched = report
         with self.harness._lock:
+            self.harness.stage_touched.setdefault(stage, set()).update(touched)
             self.harness.syncs += [named(*sync) for sync in syncs]
             self.harness.step_syncs += [named(*sync) for sync in step_syncs]
 

@@ -97,9 +97,7 @@ class Stage:
             built = self.build(self.model, self.plan, step["net_input"], step["target"], step["shard_loss"],
                                step["chunk_length"], step["micro_batches"], self.replicas, masks=step["masks"],
                                softmax_chunks=step["softmax_chunks"], worker=self.me)
-            for use in built.replica_uses:
-                if use.worker == self.me:
-                    use.replicas.prefetch(self.me, self.device, built.step)
+            self._refresh_replicas(built)
             channel = OverWire(self.me, self.wire, self._say) if self.wire is not None else InProcess(
                 self._say)
             hand_offs = [(use.cells, partial(self._hand_off, use)) for use in built.replica_uses + built.master_uses
@@ -115,6 +113,27 @@ class Stage:
         if step["grad_enabled"]:
             self.graph, self.built = graph, built
         return {"results": results, "busy": graph.busy[self.me]}
+
+    def _refresh_replicas(self, built) -> None:
+        """This stage's replicas up to date for the step.  Where a master
+        lives on another device its stage sends the parameters over the
+        wire, so that no stage reads another device's memory (on GPUs: no
+        process opens a context on another GPU); where it lives on this
+        stage's device (every plain CPU device) the replica shares it."""
+        for number, use in enumerate(built.replica_uses):
+            masters = list(use.replicas.master.parameters())
+            away = self.wire is not None and use.worker != use.home and any(
+                master.device != self.plan.devices[use.worker] for master in masters)
+            if use.worker == self.me and away:
+                keys = [("replica", number, index) for index in range(len(masters))]
+                self.wire.expect(use.home, keys)
+                self._say(f"a replica's parameters, waiting for stage {use.home}")
+                use.replicas.refresh_from(self.me, [self.wire.take(use.home, key)[0] for key in keys], built.step)
+            elif use.worker == self.me:
+                use.replicas.prefetch(self.me, self.device, built.step)
+            elif use.home == self.me and away:
+                for master in masters:
+                    self.wire.send(use.worker, master.detach())
 
     def backward(self, grads: Dict[Ref, Tensor]) -> Dict:
         """Run this stage's cells backward from the loss sums' gradients;

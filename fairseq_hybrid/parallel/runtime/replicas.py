@@ -53,7 +53,7 @@ from .stream_handoff import arrive, copies_done, prefetch_stream
 
 
 class Replicas:
-    def __init__(self, master: nn.Module, make_copy: Callable[[nn.Module], nn.Module] = copy.deepcopy,
+    def __init__(self, master: nn.Module, make_copy: Callable[[nn.Module, Dict], nn.Module] = copy.deepcopy,
                  send_early: bool = True):
         self.master = master
         self.make_copy = make_copy
@@ -99,17 +99,31 @@ class Replicas:
                 stream_handoff.record_stream(param.data, stream)
         return replica
 
-    def _refresh(self, worker: int, device: torch.device, step: object) -> nn.Module:
+    def refresh_from(self, worker: int, values: List[Tensor], step: object) -> nn.Module:
+        """Bring ``worker``'s replica up to date for ``step`` from
+        ``values``, the master's parameters as another worker sent them
+        (already on the replica's device): a worker in a process of its own
+        never reads another device's memory."""
+        if worker not in self.copies:  # made around the values, without reading the master's (another device's)
+            memo = {id(master): nn.Parameter(value, requires_grad=master.requires_grad)
+                    for master, value in zip(self.master.parameters(), values)}
+            self.copies[worker] = self.make_copy(self.master, memo)
+        return self._refresh(worker, None, step, values)
+
+    def _refresh(self, worker: int, device: Optional[torch.device], step: object,
+                 values: Optional[List[Tensor]] = None) -> nn.Module:
         replica = self.copies.get(worker)
         if replica is None:
-            replica = self.copies[worker] = self.make_copy(self.master)
+            replica = self.copies[worker] = self.make_copy(self.master, {})
         self.refreshed[worker] = step
         self.ready.pop(worker, None)
         self.sent.pop(worker, None)
         with torch.no_grad():
-            for master, param in zip(self.master.parameters(), replica.parameters()):
+            for index, (master, param) in enumerate(zip(self.master.parameters(), replica.parameters())):
                 param.grad = None
-                if master.device == device:
+                if values is not None:
+                    param.data = values[index]
+                elif master.device == device:
                     if param.data_ptr() != master.data_ptr() or param.dtype != master.dtype or param.shape != master.shape:
                         param.data = master.data
                 else:
@@ -182,7 +196,7 @@ class ModelReplicas:
     def whole_model(self) -> Replicas:
         """Replicas of the whole model (``data`` mode), whose gradients are
         copied at the reduce, one parameter at a time (module docstring)."""
-        return self._get("model", self.model, lambda m: type(m)(copy.deepcopy(m.encoder), copy.deepcopy(m.decoder)),
+        return self._get("model", self.model, lambda m, memo: type(m)(copy.deepcopy(m.encoder, memo), copy.deepcopy(m.decoder, memo)),
                          send_early=False)
 
     def _get(self, key: str, master: nn.Module, make_copy=copy.deepcopy, send_early: bool = True) -> Replicas:
