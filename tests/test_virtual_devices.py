@@ -137,7 +137,7 @@ def test_a_wait_on_a_workers_thread_outside_its_cells_is_recorded(dictionaries, 
     assert harness.syncs == []
 
 
-@pytest.mark.parametrize("mode, count", [("hybrid", 2), ("hybrid", 3), ("model", 2)])
+@pytest.mark.parametrize("mode, count", [("hybrid", 2), ("hybrid", 3), ("model", 2), ("data", 2), ("data", 3)])
 def test_a_group_in_processes_equals_one_device_touches_only_its_own_devices_and_waits_only_for_its_results(
         mode, count, dictionaries):
     """Each stage process checks its own ops on its virtual device (forked
@@ -152,6 +152,8 @@ def test_a_group_in_processes_equals_one_device_touches_only_its_own_devices_and
         check_equal(virtual(count), mode, dictionaries, batch_on_first_device=True,
                     group_options={"hybrid_workers": "processes"})
     assert harness.stage_touched == {me: {me} for me in range(count)}
+    if mode == "data":
+        return  # each shard runs the whole single-device model, waits included (as with threads)
     waits = {(sync.op, os.path.basename(sync.caller.split(":")[0]), sync.cell)
              for sync in harness.syncs + harness.step_syncs}
     # the stages whose cells make loss sums: every shard's in hybrid mode, the last stage's in model mode
@@ -164,7 +166,8 @@ def test_a_group_in_processes_equals_one_device_touches_only_its_own_devices_and
 def test_a_wait_in_a_stages_cell_is_reported_with_its_line(dictionaries, monkeypatch):
     """An ``.item()`` put by hand where a stage's cells finish their LSTM
     layers is recorded in that stage's process and reaches the trainer's
-    harness, naming the stage and the line."""
+    harness as a wait inside a cell, naming the cell, the stage and the
+    line."""
     from fairseq_hybrid.models.lstm_stacks import LayerFinishing
 
     real = LayerFinishing.finish_layer
@@ -178,7 +181,8 @@ def test_a_wait_in_a_stages_cell_is_reported_with_its_line(dictionaries, monkeyp
         check_equal(virtual(2), "hybrid", dictionaries, batch_on_first_device=True,
                     group_options={"hybrid_workers": "processes"})
     read = [sync for sync in harness.syncs + harness.step_syncs if "finish_and_read" in sync.caller]
-    assert {sync.cell for sync in read} == {"stage 0", "stage 1"}, read[:4]
+    assert all(sync in harness.syncs and sync.cell.startswith(("encoder layer ", "decoder layer ")) for sync in read)
+    assert {sync.cell.rsplit(" in ", 1)[1] for sync in read} == {"stage 0", "stage 1"}, read[:4]
     line = f":{finish_and_read.__code__.co_firstlineno + 1} (finish_and_read)"
     assert all(sync.op == "_local_scalar_dense" and sync.caller.endswith(line) for sync in read)
 

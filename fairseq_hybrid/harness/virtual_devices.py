@@ -289,9 +289,12 @@ def _where(harness: VirtualDevices) -> str:
 
 def _worker_device() -> Optional[int]:
     """Where a factory without a device index puts its tensor: on a worker
-    thread that worker's device, elsewhere the host."""
+    thread that worker's device (a stage's thread: while it runs a cell),
+    elsewhere the host."""
     worker = current_worker()
-    return HOST if worker is None else _virtual_index(worker.device)
+    if worker is None or (not getattr(worker, "cells_only", True) and worker.cell is None):
+        return HOST
+    return _virtual_index(worker.device)
 
 
 def _name(device: Optional[int]) -> str:
@@ -512,7 +515,7 @@ class _StageSide(thread_state.StageHook):
     def __init__(self, harness: VirtualDevices):
         self.harness = harness
 
-    def entered(self):
+    def entered(self, device: torch.device):
         harness = self.harness
         harness.syncs, harness.step_syncs = [], []  # what the trainer recorded before the fork is the trainer's
         harness.touched = set()
@@ -528,7 +531,7 @@ class _StageSide(thread_state.StageHook):
         return report
 
     def received(self, stage: int, report) -> None:
-        # a stage runs its cells on its own thread, with no worker to name the cell: the stage names it
+        # the stage names what it reports: a cell of its own, or its thread outside its cells
         def named(op, cell, device, caller):
             return Sync(op, f"stage {stage}" if cell.startswith("outside the cells") else f"{cell} in stage {stage}",
                         device, caller)

@@ -40,6 +40,7 @@ from ..runtime.channels import InProcess, OverWire
 from ..runtime.replicas import ModelReplicas
 from .gpu_wire import PeerLost
 from ..runtime.thread_state import ThreadState, stage_hooks, step_scope
+from ..runtime.worker import StageThread, run_as
 from ..runtime.stream_handoff import arrive
 
 PR_SET_PDEATHSIG = 1
@@ -281,9 +282,10 @@ def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional
             else:
                 conn.send_bytes(plain_tensors.dumps((kind, reply)))
 
+        run_as(StageThread(me, device))  # this thread is the worker of its device, as a worker thread is
         hooks = stage_hooks()  # what other modules add to a stage for its life (the test harness)
         for hook in hooks:
-            life.enter_context(hook.entered())
+            life.enter_context(hook.entered(device))
         stage = Stage(me, model, plan, build, wire, activity, tell)
         conn.send(("ready", None))
         while True:

@@ -100,7 +100,8 @@ class StageHook:
     (:meth:`received`).  The virtual-device harness is one: each stage
     checks its own ops and reports the waits it recorded."""
 
-    def entered(self) -> ContextManager:
+    def entered(self, device: torch.device) -> ContextManager:
+        """Entered by the stage of ``device`` for its life."""
         raise NotImplementedError
 
     def report(self) -> object:

@@ -61,6 +61,23 @@ def current_worker() -> Optional["Worker"]:
     return getattr(_local, "worker", None)
 
 
+class StageThread:
+    """A stage process's own thread as the worker of its device: what the
+    cell graph names its cells on (``cell``, ``activity``), as a
+    :class:`Worker` thread has it.  Unlike a worker thread it runs more
+    than cells (the wire, the trainer's messages): ``cells_only`` says so."""
+
+    cells_only = False
+
+    def __init__(self, index: int, device: torch.device):
+        self.index, self.device, self.cell, self.activity = index, device, None, "idle"
+
+
+def run_as(worker: "StageThread") -> None:
+    """The calling thread is ``worker`` from now on (a stage's, for its life)."""
+    _local.worker = worker
+
+
 class Worker:
     """A thread that runs jobs on one device, one at a time, in order."""
 
