@@ -292,7 +292,7 @@ def _worker_device() -> Optional[int]:
     thread that worker's device (a stage's thread: while it runs a cell),
     elsewhere the host."""
     worker = current_worker()
-    if worker is None or (not getattr(worker, "cells_only", True) and worker.cell is None):
+    if worker is None or (not worker.cells_only and worker.cell is None):
         return HOST
     return _virtual_index(worker.device)
 
@@ -383,9 +383,9 @@ class _DeviceFunctions(TorchFunctionMode):
     def _move(self, tensor: torch.Tensor, destination: Optional[int], dtype, copy: bool = False,
               non_blocking: bool = False) -> torch.Tensor:
         source = self.harness.device_of(tensor)
-        self.harness.touched.update({source, destination} - {HOST})
         if source == destination and not copy:
             return tensor if dtype in (None, tensor.dtype) else tensor.to(dtype=dtype)
+        self.harness.touched.update({source, destination} - {HOST})
         # CUDA queues a host-to-device copy only from pinned, contiguous memory with non_blocking
         # (cuda/Copy.cu: a strided source is first made contiguous in pageable memory); from pageable
         # memory, or the other way, the host waits
@@ -509,8 +509,8 @@ def virtual_devices(streams: bool = True) -> Iterator[VirtualDevices]:
 class _StageSide(thread_state.StageHook):
     """The harness in a stage process (``--hybrid-workers processes``,
     forked with the trainer's harness): the stage checks its own ops, and
-    the waits it records reach the trainer's lists with each reply, named
-    by the stage."""
+    the waits it records and the devices it touched reach the trainer's
+    harness with each reply, named by the stage."""
 
     def __init__(self, harness: VirtualDevices):
         self.harness = harness
@@ -531,7 +531,7 @@ class _StageSide(thread_state.StageHook):
         return report
 
     def received(self, stage: int, report) -> None:
-        # the stage names what it reports: a cell of its own, or its thread outside its cells
+        # named by the stage: a wait in one of its cells, or on its thread outside its cells
         def named(op, cell, device, caller):
             return Sync(op, f"stage {stage}" if cell.startswith("outside the cells") else f"{cell} in stage {stage}",
                         device, caller)

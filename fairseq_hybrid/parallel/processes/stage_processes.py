@@ -162,10 +162,11 @@ class StageProcesses:
                                     net_input["prev_output_tokens"].size(1), target.size(0))
         grad_enabled = torch.is_grad_enabled()
         seed = int(torch.randint(0, 1 << 62, ()).item()) if grad_enabled else 0
+        state = capture()  # the stages' autocast; what other modules carry into the backward (the test harness)
         step = {"net_input": on_host(net_input),
                 "target": host_of(target), "shard_loss": shard_loss, "chunk_length": shape.chunk_length,
                 "micro_batches": shape.micro_batches, "softmax_chunks": shape.softmax_chunks, "masks": masks,
-                "seed": seed, "grad_enabled": grad_enabled, "autocast": capture().autocast, "training": self.model.training}
+                "seed": seed, "grad_enabled": grad_enabled, "autocast": state.autocast, "training": self.model.training}
         try:
             message = plain_tensors.dumps(("forward", step))
         except (pickle.PicklingError, TypeError, AttributeError) as error:
@@ -198,7 +199,7 @@ class StageProcesses:
             tuples.append(row)
         if differentiable:
             anchor = torch.empty(0, requires_grad=True)
-            through = _StageBoundary.apply(self, tuple(refs), anchor, *differentiable)
+            through = _StageBoundary.apply(self, state, tuple(refs), anchor, *differentiable)
             flowing = dict(zip([(cell, position) for cell, position, _ in refs], through))
             tuples = [[flowing.get((cell, position), value) for position, value in enumerate(row)]
                       for cell, row in zip(cells, tuples)]
@@ -344,9 +345,9 @@ class _StageBoundary(torch.autograd.Function):
     stages' backward."""
 
     @staticmethod
-    def forward(ctx, stages: StageProcesses, refs, anchor: Tensor, *values: Tensor):
+    def forward(ctx, stages: StageProcesses, state, refs, anchor: Tensor, *values: Tensor):
         ctx.stages, ctx.refs = stages, refs
-        ctx.state = capture()  # what other modules carry into autograd's backward (the test harness's modes)
+        ctx.state = state  # what other modules carry into autograd's backward (the test harness's modes)
         ctx.set_materialize_grads(False)
         return tuple(value.detach().clone() for value in values)
 
@@ -354,7 +355,7 @@ class _StageBoundary(torch.autograd.Function):
     def backward(ctx, *grads):
         with extras_entered(ctx.state), step_scope():  # the step's backward half, on the trainer's side
             ctx.stages.backward(ctx.refs, grads)
-        return (None, None, None) + (None,) * len(grads)
+        return (None, None, None, None) + (None,) * len(grads)
 
 
 def clear_dead_stores(folder: Optional[str] = None) -> List[str]:

@@ -50,13 +50,16 @@ def shared_from(tensor: Tensor, device: torch.device) -> Tensor:
     with this one: a GPU's tensor says its device itself (torch's CUDA
     reductions), a plain CPU's is host memory either way; on virtual
     devices the harness tags it with ``device``."""
-    return virtual_shared(tensor, device) if device.type == "cpu" and device.index is not None else tensor
+    return virtual_shared(tensor, device) if _virtual_name(device) else tensor
+
+
+def _virtual_name(device: torch.device) -> bool:
+    """``cpu:N``: a virtual device where the harness is on, plain CPU otherwise."""
+    return device.type == "cpu" and device.index is not None
 
 
 def _virtual(device: torch.device):
-    if device.type != "cpu" or device.index is None:
-        return None
-    return virtual_checker()
+    return virtual_checker() if _virtual_name(device) else None
 
 
 def has_streams(device: torch.device) -> bool:

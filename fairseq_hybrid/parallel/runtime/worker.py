@@ -32,9 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import thread_state
-
-from . import stream_handoff
+from . import stream_handoff, thread_state
 
 Job = Callable[[], object]
 
@@ -80,6 +78,8 @@ def run_as(worker: "StageThread") -> None:
 
 class Worker:
     """A thread that runs jobs on one device, one at a time, in order."""
+
+    cells_only = True  # its thread runs the step's jobs alone (StageThread's does more)
 
     def __init__(self, index: int, device: torch.device):
         self.index = index
