@@ -26,12 +26,14 @@ from .parallel import (AUTO, DEFAULT_TIMEOUT, MODES, DevicePlan, DevicePlanError
                        StageProcesses, StepShape, WorkerThreads, build_plan, build_step, check_options,
                        chunk_length_option, draw_single_device_masks, micro_batches_option, plan_table,
                        softmax_chunks_option, step_scope)
-from .planning import ChunkLengthChooser, CostModel, auto_placement
+from .planning import ChunkLengthChooser, CostModel, auto_placement, priced_workers
 
 logger = logging.getLogger(__name__)
 
 WORKER_KINDS = ("auto", "threads", "processes")
-AUTO_WORKERS_RULE = "threads (the only kind measured faster so far: docs/processes.md)"
+AUTO_WORKERS_RULE = ("at the first batch, the kind whose step --hybrid-cost-model's file prices shorter, each as "
+                     "built (a file that fairseq-hybrid-plan calibrate writes prices both); threads without one "
+                     "(docs/processes.md)")
 
 
 def worker_kind(option: str, devices) -> str:
@@ -140,10 +142,14 @@ class HybridGroupConfig(FairseqDataclass):
 class HybridGroup:
     def __init__(self, model, plan: DevicePlan, chunk_length: Union[int, str] = 0, dropout_masks: str = "per-cell",
                  timeout: float = DEFAULT_TIMEOUT, cost_model: Optional[CostModel] = None,
-                 micro_batches: Union[int, str] = 1, workers: str = "auto", softmax_chunks: Union[int, str] = 1):
+                 micro_batches: Union[int, str] = 1, workers: str = "auto", softmax_chunks: Union[int, str] = 1,
+                 processes_cost_model: Optional[CostModel] = None):
         self.model = model
         self.plan = plan
         self.workers = worker_kind(workers, plan.devices)
+        # auto with prices for both kinds, on devices of one type: chosen at the first batch (priced_workers)
+        self.prices = ((cost_model, processes_cost_model) if workers == "auto" and cost_model is not None
+                       and processes_cost_model is not None and len({d.type for d in plan.devices}) == 1 else None)
         self.runtime = None  # the workers, made at the first step: WorkerThreads or StageProcesses
         self.micro_batches = micro_batches_option(micro_batches)
         self.chunk_length = chunk_length_option(chunk_length)
@@ -177,8 +183,10 @@ class HybridGroup:
         cost_file = getattr(cfg, "hybrid_cost_model", "")
         group = cls(model, plan, cfg.hybrid_chunk_length, cfg.hybrid_dropout_masks, float(cfg.hybrid_timeout),
                     CostModel.load(cost_file) if cost_file else None, getattr(cfg, "hybrid_micro_batches", 1),
-                    getattr(cfg, "hybrid_workers", "auto"), getattr(cfg, "hybrid_softmax_chunks", 1))
-        logger.info("hybrid group (%s mode, %d devices), worker %s:\n%s", plan.mode, plan.size, group.workers,
+                    getattr(cfg, "hybrid_workers", "auto"), getattr(cfg, "hybrid_softmax_chunks", 1),
+                    CostModel.load(cost_file, "processes_cost_model") if cost_file else None)
+        workers = "auto (priced at the first batch)" if group.prices else group.workers
+        logger.info("hybrid group (%s mode, %d devices), worker %s:\n%s", plan.mode, plan.size, workers,
                     group.placement_table())
         return group
 
@@ -244,6 +252,12 @@ class HybridGroup:
             metrics.log_scalar("micro_batches", micro_batches, weight=1, round=1)
             if self.softmax_chunks == AUTO:
                 metrics.log_scalar("softmax_chunks", softmax_chunks, weight=1, round=1)
+        if self.runtime is None and self.prices is not None:
+            self.workers, prices = priced_workers(self.model, self.plan, net_input, target, *self.prices,
+                                                  chunk_length, micro_batches, softmax_chunks)
+            logger.info("hybrid workers auto: %s (a step priced %s)", self.workers,
+                        ", ".join(f"{seconds * 1e3:.2f} ms with {kind}" for kind, seconds in prices.items()))
+            self.prices = None
         if self.runtime is None:
             self.runtime = (StageProcesses(self.model, self.plan, self.timeout, build_step, draw_single_device_masks)
                             if self.workers == "processes" else

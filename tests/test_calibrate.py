@@ -32,8 +32,11 @@ def test_one_calibration_is_read_by_the_plan_and_by_the_group(binarized, tmp_pat
     written = json.loads(costs.read_text())
     assert written["kind"] == "cpu" and written["devices"] == ["cpu", "cpu"] and data in written["command"]
     assert written["cost_model"] == written["calibration"]["one_thread"]
-    # --hybrid-cost-model reads the cells' cost model from it
+    # --hybrid-cost-model reads the cells' cost model from it, and --hybrid-workers auto a process per device's
     assert CostModel.load(str(costs)).__dict__ == CostModel(**written["cost_model"]).__dict__
+    processes = CostModel.load(str(costs), "processes_cost_model")
+    assert processes.workers == "processes" and processes.fixed == written["cost_model"]["fixed"]
+    assert processes.message_send == written["calibration"]["processes"]["message_send"] > 0
     # the plan prices CPU devices with it, as --measure would have, without measuring again
     assert plan.main(["--gpus", "2", "--cost-file", str(costs), "--micro-batches", "1", "--json", str(planned), "--",
                       "fairseq-train", data, *TINY]) == 0
@@ -42,11 +45,15 @@ def test_one_calibration_is_read_by_the_plan_and_by_the_group(binarized, tmp_pat
     assert f"priced with the calibration in {costs} ({written['measured_on']})" in printed.out
     result = json.loads(planned.read_text())
     load = workload(parse_training([data, *TINY]), plan.build_parser().parse_args(["--gpus", "2", "--batches", "50"]))
-    group, rank = cpu_costs(written["calibration"])
-    rows = race(load.model, load.cfg, group, 2, load.sentences, load.source, load.target, (1,), None, rank_cost=rank)
     tokens = result["sentences"] * (result["source"] + result["target"])
-    assert [row["tokens_per_s"] for row in result["rows"]] == pytest.approx(
-        [tokens / row.step.total for row in rows], rel=1e-12)
+    assert [row["name"] for row in result["rows"]] == ["one GPU", "DDP on 2", "one group of 2, threads",
+                                                       "one group of 2, processes"]
+    for workers, mine in (("threads", result["rows"][:3]), ("processes", result["rows"][:2] + result["rows"][3:])):
+        group, rank = cpu_costs(written["calibration"], workers)
+        rows = race(load.model, load.cfg, group, 2, load.sentences, load.source, load.target, (1,), None,
+                    rank_cost=rank)
+        assert [row["tokens_per_s"] for row in mine] == pytest.approx([tokens / row.step.total for row in rows],
+                                                                      rel=1e-12)
     # a GPU forecast refuses it
     with pytest.raises(CostFileError, match="prices CPU devices only"):
         register(str(costs))

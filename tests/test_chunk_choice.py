@@ -31,7 +31,8 @@ def test_a_bad_chunk_length_fails_when_the_model_is_built_naming_the_option():
 
 def test_the_cost_model_serves_an_automatic_chunk_length_too(tmp_path):
     with pytest.raises(ValueError, match="--hybrid-cost-model is used by --hybrid-placement auto, "):
-        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_cost_model=str(tmp_path / "c.json"))
+        build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_cost_model=str(tmp_path / "c.json"),
+                    hybrid_workers="threads")
     cost = tmp_path / "cost.json"
     cost.write_text('{"cost_model": {"fixed": {"lstm/forward": 1.0}}}')
     model = build_model("hybrid_lstm_tiny", hybrid_devices="cpu,cpu", hybrid_chunk_length="auto",

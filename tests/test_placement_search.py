@@ -55,9 +55,9 @@ def test_auto_placement_under_a_measured_cost_model(dictionaries, tmp_path):
     with pytest.raises(DevicePlanError, match="--hybrid-cost-model .*missing.json"):
         build_model("hybrid_lstm_tiny", make_dictionary(), make_dictionary(), hybrid_devices="cpu,cpu",
                     hybrid_placement="auto", hybrid_cost_model=str(tmp_path / "missing.json"))
-    with pytest.raises(DevicePlanError, match="--hybrid-chunk-length auto, --hybrid-micro-batches auto and --hybrid-softmax-chunks auto only"):
+    with pytest.raises(DevicePlanError, match="--hybrid-softmax-chunks auto and --hybrid-workers auto only"):
         build_model("hybrid_lstm_tiny", make_dictionary(), make_dictionary(), hybrid_devices="cpu,cpu",
-                    hybrid_cost_model=str(path))
+                    hybrid_cost_model=str(path), hybrid_workers="threads")
 
 
 def test_auto_places_the_reverse_direction_and_sizes_the_shards(dictionaries):

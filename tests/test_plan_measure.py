@@ -77,7 +77,8 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
     assert code == 0, printed.err
     result = json.loads(out.read_text())
     names = [row["name"] for row in result["rows"]]
-    assert names == ["one GPU", "DDP on 2", "one group of 2"]
+    assert names == ["one GPU", "DDP on 2", "one group of 2, threads", "one group of 2, processes"]
+    assert [row.get("workers") for row in result["rows"]] == [None, None, "threads", "processes"]
     assert len(result["calibrations"]) == 2 and result["calibrations"][0] == result["calibration"]
     assert result["calibrations"][1]["engine_seconds"] != result["calibration"]["engine_seconds"]  # measured again
     for row in result["rows"]:
@@ -93,15 +94,21 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
     # one code path: the same rows from race() under each round's calibration
     args = train_command.parse_training([data, *TINY])
     load = workload.workload(args, plan.build_parser().parse_args(["--gpus", "2", "--batches", "2"]))
-    group = result["rows"][2]
-    kept = {2: {key: group[key] for key in ("micro_batches", "chunk_length", "placement")}}
-    for index, choices in ((0, None), (1, kept)):
-        costs, rank = cpu_costs(result["calibrations"][index])
-        rows = race(load.model, load.cfg, costs, 2, result["sentences"], result["source"], result["target"], (1, 2),
-                    None, rank_cost=rank, choices=choices)
-        tokens = result["sentences"] * (result["source"] + result["target"])
-        for mine, theirs in zip(result["rows"], rows):
-            assert mine["predicted_rounds"][index] == pytest.approx(tokens / theirs.step.total, rel=1e-12)
+    tokens = result["sentences"] * (result["source"] + result["target"])
+    for workers, group in (("threads", result["rows"][2]), ("processes", result["rows"][3])):
+        kept = {2: {key: group[key] for key in ("micro_batches", "chunk_length", "placement", "softmax_chunks")}}
+        for index, choices in ((0, None), (1, kept)):
+            costs, rank = cpu_costs(result["calibrations"][index], workers)
+            rows = race(load.model, load.cfg, costs, 2, result["sentences"], result["source"], result["target"],
+                        (1, 2), None, rank_cost=rank, choices=choices)
+            for mine, theirs in zip(result["rows"][:2] + [group], rows):
+                assert mine["predicted_rounds"][index] == pytest.approx(tokens / theirs.step.total, rel=1e-12)
+    # processes priced as built: each stage's build, its messages, the commands, the gradients' copy
+    parts = result["rows"][3]["process_costs_ms"]
+    assert set(parts) == {"builds (the longest)", "messages (the busiest host)", "commands", "gradient copy"}
+    measured = result["calibration"]["processes"]
+    assert parts["commands"] == pytest.approx(2e3 * measured["command_round_trip"], rel=1e-12)
+    assert parts["builds (the longest)"] > 1e3 * measured["build_fixed"]
     assert result["fastest_measured"] in names
     assert "[measure] calibrated in" in printed.err and "[measure] round 2/2: DDP on 2" in printed.err
     assert printed.err.count("[measure] calibrated in") == 2

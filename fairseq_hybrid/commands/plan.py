@@ -50,10 +50,11 @@ import math
 import os
 import shlex
 import sys
+from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..forecasts.gpu_costs import PUBLISHED_SETS
-from ..forecasts.plan_prices import plan, priced_rows
+from ..forecasts.plan_prices import by_workers, plan, priced_rows
 from ..forecasts.workload import Workload, quietly, workload
 from ..command_lines.owned_options import SET_BY_PLAN
 from ..command_lines.train_command import (GROUP_CRITERION, NO_DATA, SAME_LOSS, USER_DIR, OneLineParser, PlanError,
@@ -110,13 +111,19 @@ def round_predictions(result: Dict, load: Workload, own, measured: List[str], pr
     from ..timing.cpu_calibration import cpu_costs
     from ..forecasts.race import chosen
 
-    choices = {row["group_size"]: chosen(row) for row in result["rows"] if row["group_size"] > 1}
+    choices: Dict[str, Dict[int, Dict]] = {}
+    for row in result["rows"]:
+        if row["group_size"] > 1:
+            choices.setdefault(row.get("workers", "threads"), {})[row["group_size"]] = chosen(row)
     result["calibrations"] = [result["calibration"]]
 
     def predicted(round_index: int) -> Dict[str, float]:
         calibration = calibrate(measured, own.devices, own.batches, progress)
         result["calibrations"].append(calibration)
-        table, _ = priced_rows(load, own, *cpu_costs(calibration), choices=choices)
+        if "processes" in choices:
+            table, _ = by_workers(load, own, lambda text: None, partial(cpu_costs, calibration), choices)
+        else:
+            table, _ = priced_rows(load, own, *cpu_costs(calibration), choices=choices.get("threads"))
         return {row["name"]: row["tokens_per_s"] for row in table}
 
     return predicted
@@ -309,7 +316,7 @@ def cpu_file(own, data) -> None:
     if own.devices and own.devices[0] != "cpu":
         raise PlanError(f"--cost-file {own.cost_file} calibrated CPU devices, --measure names {own.measure}")
     own.calibration, own.measured_on = data["calibration"], data["measured_on"]
-    own.cpu_costs = cpu_costs(own.calibration)
+    own.cpu_costs, own.cpu_costs_of = cpu_costs(own.calibration), partial(cpu_costs, own.calibration)
 
 
 def measuring_setup(own, args, train: List[str], progress) -> List[str]:
@@ -322,7 +329,7 @@ def measuring_setup(own, args, train: List[str], progress) -> List[str]:
 
         own.calibration = calibrate(measured, own.devices, own.batches,
                                     lambda text: progress(f"[measure] {text}"))
-        own.cpu_costs = cpu_costs(own.calibration)
+        own.cpu_costs, own.cpu_costs_of = cpu_costs(own.calibration), partial(cpu_costs, own.calibration)
     return measured
 
 

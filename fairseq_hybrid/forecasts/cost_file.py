@@ -25,8 +25,10 @@ The file, JSON::
      "lstm": {"hidden": 1024, "reference_batch": 128,
               "seconds_per_step": {"forward": [[16, 7.1e-05], ...], "backward": [[16, 9.0e-05], ...]}},
      "host_cost": {"rows": [...]},              # host time per cell call by K (bench_host_cost.py's rows)
-     "cost_model": {...}}                       # a group of K of them (--hybrid-workers threads): what
+     "cost_model": {...},                       # a group of K of them (--hybrid-workers threads): what
                                                 # --hybrid-cost-model reads (fairseq-hybrid-plan calibrate)
+     "processes_cost_model": {...}}             # the same with a process per device as built: what
+                                                # --hybrid-workers auto prices it with
 
 Loading a file registers it as a set of its own (:func:`register`), so that
 every function that takes a set's name prices with it.
@@ -39,6 +41,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List
 
+from ..planning.schedule_simulator import PROCESS_FIELDS
 from . import gpu_costs
 
 __all__ = ["CostFileError", "CostFile", "CPU", "add_engine_cost_model", "load", "register", "write", "write_cpu"]
@@ -181,6 +184,9 @@ def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str
         "cost_model": calibration["one_thread"],
         "calibration": calibration,
     }
+    if "processes" in calibration:  # what --hybrid-workers auto prices a process per device with
+        data["processes_cost_model"] = dict(calibration["one_thread"], workers="processes", host_per_device=True,
+                                            **{name: float(calibration["processes"][name]) for name in PROCESS_FIELDS})
     return _saved(path, data)
 
 
@@ -202,7 +208,9 @@ def add_engine_cost_model(path: str, args, k: int) -> Dict:
                     measured.tokens_per_s)
     group, _ = set_costs(measured.name, path, k, step_us, rate, "queued")
     group.note = f"a group of {k} on {measured.measured_on}, one host for its workers (--hybrid-workers threads)"
-    return _saved(path, dict(load(path), cost_model=dict(group.__dict__)))
+    processes, _ = set_costs(measured.name, path, k, step_us, rate, "per-device")
+    processes.note = f"a group of {k} on {measured.measured_on}, a process per device as built"
+    return _saved(path, dict(load(path), cost_model=dict(group.__dict__), processes_cost_model=dict(processes.__dict__)))
 
 
 def _saved(path: str, data: Dict) -> Dict:

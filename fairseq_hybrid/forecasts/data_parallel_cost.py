@@ -24,6 +24,7 @@ from typing import List, Sequence
 
 from ..parallel import build_plan
 from ..planning.schedule_simulator import CostModel, StepTime
+from ..planning.owned_bytes import gradient_bytes, plan_owned_bytes  # noqa: F401 (gradient_bytes re-exported)
 
 BUCKET_BYTES = 25 * 2 ** 20  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default
 
@@ -57,7 +58,7 @@ def data_parallel_step(one_device: StepTime, gradient_bytes: float, ranks: int, 
     """One step of ``ranks`` data-parallel processes, each running
     ``one_device``'s step on a batch of its own."""
     backward = overlapped_backward(one_device.backward, gradient_bytes, ranks, cost)
-    return StepTime(one_device.forward, backward, one_device.extra)
+    return StepTime(one_device.forward, backward, one_device.extra, one_device.parts)
 
 
 def data_parallel_step_of(rank_steps: Sequence[StepTime], gradient_bytes: float, cost: CostModel) -> StepTime:
@@ -70,31 +71,11 @@ def data_parallel_step_of(rank_steps: Sequence[StepTime], gradient_bytes: float,
     return data_parallel_step(slowest, gradient_bytes, len(rank_steps), cost)
 
 
-def gradient_bytes(module) -> float:
-    """Bytes of ``module``'s gradients in fp32: what an all-reduce moves."""
-    return 4.0 * sum(p.numel() for p in module.parameters())
-
-
 def owned_bytes(model, cfg, k: int, placement: str = "") -> List[float]:
     """Gradient bytes (fp32) of the parameters each device of a hybrid
-    group of ``k`` owns, where ``HybridGroup.place`` puts them: what its
-    twin in another group reduces with it under DDP."""
+    group of ``k`` owns (:func:`.owned_bytes.plan_owned_bytes`)."""
     plan = build_plan(",".join(["cpu"] * k), placement, "hybrid", cfg.encoder_layers, cfg.decoder_layers)
-    encoder, decoder = model.encoder.stack, model.decoder.stack
-    owned = [0.0] * k
-
-    def add(module, worker):
-        owned[worker] += gradient_bytes(module)
-
-    add(encoder.embed_tokens, plan.encoder[0])
-    for layer, module in enumerate(encoder.layers):
-        add(module, plan.encoder[layer])
-    add(decoder.embed_tokens, plan.decoder[0])
-    for layer, module in enumerate(decoder.layers):
-        for part in (module, decoder.bridges_h[layer], decoder.bridges_c[layer]):
-            add(part, plan.decoder[layer])
-    add(model.decoder.attention_softmax, plan.decoder[0])
-    return owned
+    return plan_owned_bytes(model, plan)
 
 
 def speedup(one_device: StepTime, step: StepTime, ranks: int) -> float:

@@ -33,7 +33,8 @@ from ..planning.schedule_simulator import CostModel, StepTime, flops, step_time
 
 __all__ = ["KINDS", "PHASES", "COST_SETS", "NAMED_SETS", "LSTM_CURVES", "host_report", "STEP_US", "HOST_MODELS",
            "GNMT_A100_TOKENS_PER_S", "GNMT_V100_TOKENS_PER_S", "SET_TOKENS_PER_S", "PUBLISHED_SETS",
-           "set_tokens_per_s", "WORKERS_OF_HOST_MODEL", "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE",
+           "set_tokens_per_s", "WORKERS_OF_HOST_MODEL", "HOST_MODEL_OF_WORKERS", "MEMORY_BANDWIDTH",
+           "as_built_processes", "worker_costs_report", "GNMT_V100_DDP_4", "MLPERF_GNMT_V100", "P100_RATE",
            "host_fixed", "group_host", "solved_rate", "rate_of", "set_rate", "set_costs", "total_flops",
            "lstm_batch_curve", "flat_past_reference", "matmul_curve", "gpu_cost_model", "cost_set", "predicted_step", "best_chunk_length"]
 
@@ -49,6 +50,10 @@ COST_SETS = {
     # the p100 set's PCIe 3 x16 link, 12 GB/s of its 15.75 GB/s a direction
     "v100-pcie": {"step_overhead": 5e-3, "link_bandwidth": 12e9, "link_latency": 10e-6},
 }
+# each set's GPU memory bandwidth, bytes/s as published (P100 SXM2 732 GB/s, A100 40GB 1,555 GB/s, V100
+# 900 GB/s): a stage's copy of its gradients for the trainer reads and writes each byte
+MEMORY_BANDWIDTH = {"p100": 732e9, "a100": 1555e9, "v100": 900e9, "v100-pcie": 900e9}
+WORKER_COSTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_costs.json")
 NAMED_SETS = tuple(COST_SETS)  # the published ones; a cost file adds "file:<name>" (cost_file.py)
 
 # the latency of one LSTM time step forward (twice backward) each set assumes, in microseconds
@@ -61,6 +66,7 @@ LSTM_CURVES: Dict[str, Tuple[Dict[str, list], int]] = {}
 HOST_MODELS = ("queued", "per-device", "summed")
 # the --hybrid-workers kind each queueing host model stands for
 WORKERS_OF_HOST_MODEL = {"queued": "threads", "per-device": "processes"}
+HOST_MODEL_OF_WORKERS = {workers: host_model for host_model, workers in WORKERS_OF_HOST_MODEL.items()}
 
 
 REFERENCE_BATCH = (128, 50, 50)  # sentences, source and target tokens: the batch a one-GPU tokens/s stands for
@@ -193,11 +199,59 @@ def set_rate(name: str, model, cfg, sample, path: Optional[str], step_us: float,
 def set_costs(name: str, path: Optional[str], k: int, step_us: float, rate: float,
               host_model: str) -> Tuple[CostModel, CostModel]:
     """The named set's cost models for a group of ``k`` and for one device
-    (one data-parallel rank) under ``host_model``."""
+    (one data-parallel rank) under ``host_model``; ``per-device`` is a
+    process per device as built (:func:`as_built_processes`)."""
     fixed, queues = group_host(path, k, host_model)
     fixed_one, _ = group_host(path, 1, host_model)
-    return (cost_set(name, fixed, step_us, rate, host_queues=queues, host_per_device=host_model == "per-device"),
-            cost_set(name, fixed_one, step_us, rate, host_queues=queues))
+    group = cost_set(name, fixed, step_us, rate, host_queues=queues, host_per_device=host_model == "per-device")
+    if host_model == "per-device":
+        group = as_built_processes(group, name, path, k)
+    return group, cost_set(name, fixed_one, step_us, rate, host_queues=queues)
+
+
+def worker_costs_report(path: str = WORKER_COSTS_FILE) -> Dict:
+    """What ``benchmarks/bench_worker_costs.py`` measured (the file says
+    where): a stage's build, the GPU wire's gloo header, a command's round
+    trip."""
+    with open(path) as file:
+        return json.load(file)
+
+
+def as_built_processes(cost: CostModel, name: str, path: Optional[str], k: int) -> CostModel:
+    """``cost`` (each worker's host its own) with what a process per device
+    costs beyond it: each stage's build of the step, a gloo header's host
+    time at each end of every message (NCCL's own call not counted), the
+    trainer's two commands (:data:`WORKER_COSTS_FILE`, measured on a CPU
+    host), and each stage's copy of its gradients at the set's memory
+    bandwidth.  Where the cost file holds the GPU check's ``workers``
+    readings for processes, each cell's host time is what they measured
+    at the nearest K (builds and messages inside it)."""
+    cost.workers = "processes"
+    readings = _process_readings(path, k)
+    if readings is not None:
+        cost.fixed = {key: readings for key in cost.fixed}
+        return cost
+    report = worker_costs_report()
+    for field in ("build_fixed", "build_per_cell", "build_per_own_cell", "command_round_trip"):
+        setattr(cost, field, report[field])
+    cost.message_send, cost.message_receive = report["gloo_header"]["message_send"], report["gloo_header"][
+        "message_receive"]
+    cost.copy_bandwidth = MEMORY_BANDWIDTH.get(name, MEMORY_BANDWIDTH["a100"]) / 2
+    return cost
+
+
+def _process_readings(path: Optional[str], k: int) -> Optional[float]:
+    """The host seconds per cell call a cost file's ``workers`` readings
+    measured for processes at the K nearest ``k`` (None: none there)."""
+    if not path:
+        return None
+    with open(path) as file:
+        rows = [row for row in json.load(file).get("workers", {}).get("rows", []) if row["workers"] == "processes"]
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: abs(len(r["devices"].split(",")) - k))
+    calls = row["host_us_per_call"]
+    return sum(calls) / len(calls) * 1e-6
 
 
 def total_flops(model, cfg, sample) -> float:

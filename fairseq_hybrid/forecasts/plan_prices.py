@@ -1,7 +1,7 @@
 """The race (:func:`.race.race`) for the user's workload, as the rows
 ``fairseq-hybrid-plan`` prints: each candidate's tokens/s, the fastest,
-and on GPUs every group priced with one process queueing its cells and
-with a process per device."""
+and every group priced with worker threads of one process and with a
+process per device, each as built."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ..command_lines.train_command import PlanError
 from .workload import Workload, workload
+
+WORKERS = ("threads", "processes")
 
 
 def costs_for(own, workload: Workload, host_model: str = "per-device"):
@@ -47,18 +49,21 @@ def priced_rows(load: Workload, own, costs, rank_cost, progress=lambda text: Non
     return table, fastest(rows).name
 
 
-def by_workers(load: Workload, own, progress) -> Tuple[List[Dict], str]:
-    """On GPUs, every group priced twice: its cells queued by one process
-    (``--hybrid-workers threads``) and by a process per device
-    (``processes``); one GPU and DDP are the same either way.  The rows
-    and the fastest's name."""
-    from .gpu_costs import WORKERS_OF_HOST_MODEL
-
+def by_workers(load: Workload, own, progress, costs_of, choices: Optional[Dict[str, Dict[int, Dict]]] = None
+               ) -> Tuple[List[Dict], str]:
+    """Every group priced twice: its cells run by worker threads of one
+    process (``--hybrid-workers threads``) and by a process per device
+    (``processes``, as built); one device and DDP are the same either way.
+    ``costs_of(workers)``: the costs and the rank's cost model for each;
+    ``choices``: by workers, :func:`priced_rows`'s.  The rows and the
+    fastest's name."""
     tables = {}
-    for host_model, workers in WORKERS_OF_HOST_MODEL.items():
+    for workers in WORKERS:
         progress(f"groups with {workers}")
-        tables[workers], _ = priced_rows(load, own, costs_for(own, load, host_model), None, progress)
-    table = [row for row in tables["processes"] if row["group_size"] == 1]
+        costs, rank_cost = costs_of(workers)
+        tables[workers], _ = priced_rows(load, own, costs, rank_cost, progress,
+                                         choices=(choices or {}).get(workers))
+    table = [row for row in tables["threads"] if row["group_size"] == 1]
     for threads, processes in zip(tables["threads"], tables["processes"]):
         if threads["group_size"] > 1:
             for row, workers in ((threads, "threads"), (processes, "processes")):
@@ -66,21 +71,29 @@ def by_workers(load: Workload, own, progress) -> Tuple[List[Dict], str]:
     return table, min(table, key=lambda row: row["step_ms"])["name"]
 
 
+def gpu_costs_of(own, load: Workload):
+    """:func:`by_workers`'s ``costs_of`` for a GPU cost set."""
+    from .gpu_costs import HOST_MODEL_OF_WORKERS
+
+    return lambda workers: (costs_for(own, load, HOST_MODEL_OF_WORKERS[workers]), None)
+
+
 def plan(own, args, progress=print, load: Optional[Workload] = None) -> Dict:
     """The race for the user's command: its candidates as rows, the
     fastest's name, and what the prices assumed."""
     load = load or workload(args, own)
     progress(f"[plan] global batch: {load.sentences} sentences ({load.where})")
-    costs, rank_cost = own.cpu_costs if own.cpu_costs else (costs_for(own, load), None)
+    costs, rank_cost = own.cpu_costs if own.cpu_costs else (None, None)
     started = time.time()
 
     def step_progress(text: str) -> None:
         progress(f"[plan] {text} ({time.time() - started:.0f} s so far)")
 
-    if own.cpu_costs:
+    if own.cpu_costs and "processes" not in own.calibration:  # a calibration from before processes were priced
         table, fastest_name = priced_rows(load, own, costs, rank_cost, step_progress)
-    else:
-        table, fastest_name = by_workers(load, own, step_progress)
+    else:  # own.cpu_costs_of: the commands' function of the workers, for a calibration of CPU devices
+        costs_of = own.cpu_costs_of if own.cpu_costs else gpu_costs_of(own, load)
+        table, fastest_name = by_workers(load, own, step_progress, costs_of)
     return {"gpus": own.gpus, "cost_set": None if own.cpu_costs else own.cost_set, "cost_file": own.cost_file,
             "measured_on": own.measured_on, "calibration": own.calibration,
             "host_cost": own.host_cost, "sentences": load.sentences,

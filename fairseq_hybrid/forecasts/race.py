@@ -152,6 +152,8 @@ class Candidate:
                "speedup": self.speedup_over(one), **self.choice}
         if ddp is not None:
             row["vs_ddp"] = ddp.step.total / self.step.total
+        if self.step.parts:  # a process per device: what its own costs come to, milliseconds a step
+            row["process_costs_ms"] = {name: seconds * 1e3 for name, seconds in self.step.parts.items()}
         return row
 
 

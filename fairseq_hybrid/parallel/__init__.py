@@ -17,7 +17,8 @@ This face is what the rest of the package uses of it: the group
 (:mod:`fairseq_hybrid.hybrid_group`) to run a step, the planner
 (:mod:`fairseq_hybrid.planning`) to replay the very cells a step is made
 of, the model its seeded dropout, fairseq's patches the batch kept on the
-host and the options' errors.  None of them reaches into the modules behind
+host and the options' errors, the timing of a process per device the two
+wires.  None of them reaches into the modules behind
 it (``tests/test_import_structure.py``); the test harness alone hooks
 into the workers' thread state and streams.
 """
@@ -31,6 +32,8 @@ from .recipe.device_plan import (AUTO, MODES, DevicePlan, DevicePlanError, build
 from .runtime.host_batch import host_of, keep_on_host, on_host
 from .runtime.replicas import ModelReplicas
 from .runtime.seeded_dropout import SeededDropout
+from .processes.gpu_wire import GpuWire
+from .processes.host_wire import HostWire, wire_ends
 from .processes.stage_processes import StageProcesses
 from .recipe.single_device_masks import draw_single_device_masks
 from .step import StepShape, WorkerThreads, build_step, run_step
@@ -40,9 +43,9 @@ from .runtime.worker import DEFAULT_TIMEOUT
 
 __all__ = [
     "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DevicePlan", "DevicePlanError", "DeviceUsage",
-    "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "StepShape", "Work", "WorkerThreads", "batch_slices", "build_plan", "build_step",
+    "GpuWire", "HostWire", "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "StepShape", "Work", "WorkerThreads", "batch_slices", "build_plan", "build_step",
     "check_options", "chunk_length_option", "draw_single_device_masks", "clocks", "default_placement", "host_of", "keep_on_host",
     "labelled_cells", "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text",
     "plan_table", "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "step_scope",
-    "time_chunks",
+    "time_chunks", "wire_ends",
 ]

@@ -54,6 +54,9 @@ from ..parallel import Cell, CellSpec, DevicePlan, DevicePlanError, Work, build_
 
 PHASES = ("forward", "backward")
 BYTES_PER_VALUE = 4  # fp32 activations
+# CostModel's fields that price a process per device as built (what timing/worker_costs.py measures)
+PROCESS_FIELDS = ("build_fixed", "build_per_cell", "build_per_own_cell", "message_send", "message_receive",
+                  "command_round_trip", "copy_bandwidth")
 
 
 def flops(work: Work, phase: str) -> float:
@@ -127,6 +130,17 @@ class CostModel:
     host_queues: bool = False
     # with host_queues: every worker has a host of its own (--hybrid-workers processes) instead of one for all
     host_per_device: bool = False
+    # the runtime priced: "threads" (one build of the step, tensors handed over in memory) or "processes"
+    # as built (ProcessCosts: each stage's build, its messages' host time, the trainer's commands, the
+    # gradients' copy to the trainer); the fields below are what fairseq_hybrid.timing.worker_costs measures
+    workers: str = "threads"
+    build_fixed: float = 0.0  # a build's seconds: fixed, per cell of the step, per cell of the builder's own
+    build_per_cell: float = 0.0
+    build_per_own_cell: float = 0.0
+    message_send: float = 0.0  # host seconds of a message between stages at its sender and its receiver
+    message_receive: float = 0.0
+    command_round_trip: float = 0.0  # the trainer's command to its stages and their replies, twice a step
+    copy_bandwidth: float = 0.0  # bytes/s of a stage's copy of its gradients for the trainer (0: free)
     note: str = ""
 
     def overhead(self, devices: int) -> float:
@@ -199,15 +213,19 @@ class CostModel:
         return self.link_latency + input_bytes(work) / self.link_bandwidth
 
     @classmethod
-    def load(cls, path: str) -> "CostModel":
+    def load(cls, path: str, key: str = "cost_model") -> Optional["CostModel"]:
         """The cost model in ``path``: a cost file's ``cost_model``
         (``fairseq-hybrid-plan calibrate``; ``benchmarks/simulate_schedule.py
-        --json`` writes one too) or a cost model alone.  A missing or
-        malformed file is a DevicePlanError naming it (the file is given as
+        --json`` writes one too) or a cost model alone; with ``key=
+        "processes_cost_model"`` the file's cost model of a process per
+        device, as built (None where it has none).  A missing or malformed
+        file is a DevicePlanError naming it (the file is given as
         ``--hybrid-cost-model``)."""
         try:
             with open(path) as f:
                 data = json.load(f)
+            if key != "cost_model":
+                return cls(**data[key]) if key in data else None
             return cls(**data.get("cost_model", data))
         except (OSError, ValueError, TypeError, AttributeError) as error:
             raise DevicePlanError(f"--hybrid-cost-model {path}: not a cost model ({error}); write one with "
@@ -219,6 +237,9 @@ class StepTime:
     forward: float
     backward: float
     extra: float  # outside the cells: the step overhead
+    # with a process per device, what its costs come to a step (seconds, for the reports: the builds and
+    # the messages are inside forward and backward, the rest inside extra)
+    parts: Dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> float:
@@ -245,7 +266,11 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
     id share a device (no link).  ``cell_seconds(cell, phase)`` overrides
     the cost model (used for whole-model cells).  ``copies``: the replicas'
     parameter copies (before their first cell) and gradient copies (after
-    their last cell's backward), each on the link of its master's device."""
+    their last cell's backward), each on the link of its master's device.
+    With ``cost.workers == "processes"`` each worker starts its forward
+    pass after its own build (:func:`build_delays`) and every message
+    between workers costs its sender's and its receiver's host
+    (:func:`messages`)."""
     same_device = list(same_device) if same_device is not None else list(range(num_workers))
     seconds = cell_seconds or (lambda cell, phase: cost.seconds(cell.work, phase))
     factor = cost.slowdown if num_workers > 1 else 1.0
@@ -276,14 +301,25 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
                 consumers[producer].append(i)
     producers = [sorted({producer for producer, _ in cell.inputs}) for cell in cells]
     queued = cost.host_queues and cell_seconds is None
+    processes = cost.workers == "processes"
+    counted = messages(cells) if processes else {}
+    wire = {phase: [cost.message_send * sent + cost.message_receive * received
+                    for sent, received in zip(*counted[phase])] if processes else [0.0] * len(cells)
+            for phase in PHASES}
+    built = build_delays(cells, num_workers, cost, queued) if processes else [0.0] * num_workers
 
-    def run(sequence: Sequence[int], after: Sequence[Sequence[int]], phase: str, start: Sequence[float]) -> List[float]:
+    def run(sequence: Sequence[int], after: Sequence[Sequence[int]], phase: str, start: Sequence[float],
+            worker_start: Sequence[float]) -> List[float]:
         """Each cell's finish when the cells run in ``sequence`` (each
-        worker's in that order), each after the cells in ``after[i]``."""
+        worker's in that order), each after the cells in ``after[i]``,
+        each worker's host (or, unqueued, the worker) from
+        ``worker_start``."""
         host_done = (_host_schedule(sequence, after, [cell.worker for cell in cells],
-                                    [cost.host_seconds(cell.work, phase) for cell in cells], cost.host_per_device)
+                                    [cost.host_seconds(cell.work, phase) + wire[phase][i]
+                                     for i, cell in enumerate(cells)],
+                                    cost.host_per_device or processes, worker_start)
                      if queued else None)
-        free = [0.0] * num_workers
+        free = [0.0] * num_workers if queued else list(worker_start)
         finish = [0.0] * len(cells)
         for i in sequence:
             cell = cells[i]
@@ -291,12 +327,12 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
             for j in after[i]:
                 ready = max(ready, finish[j] + (cost.transfer(cell.work) if crosses(cells[j], cell) else 0.0))
             work = factor * (cost.device_seconds(cell.work, phase) if queued else seconds(cell, phase))
-            finish[i] = max(ready, free[cell.worker]) + work
+            finish[i] = max(ready, free[cell.worker]) + work + (0.0 if queued else wire[phase][i])
             free[cell.worker] = finish[i]
         return finish
 
-    forward = max(run(order, producers, "forward", not_before), default=0.0)
-    done = run(list(reversed(order)), consumers, "backward", [0.0] * len(cells))
+    forward = max(run(order, producers, "forward", not_before, built), default=0.0)
+    done = run(list(reversed(order)), consumers, "backward", [0.0] * len(cells), [0.0] * num_workers)
     backward = max(done, default=0.0)
     # gradients: each sent once its replica's last cell is done (or the
     # whole pass, for replicas that send late), one after another into each
@@ -310,15 +346,60 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
     return forward, backward
 
 
+def messages(cells: Sequence[Cell]) -> Dict[str, Tuple[List[int], List[int]]]:
+    """Each cell's messages to and from other workers, by phase (sent,
+    received), as a stage in a process of its own sends them
+    (``runtime/channels.py``, ``OverWire``): forward, an output read on
+    another worker goes once to that worker, from the cell that made it,
+    and is received by its first reader there; backward, every input a
+    cell reads from another worker sends its gradient back (one message
+    per input), which the producer receives."""
+    forward = ([0] * len(cells), [0] * len(cells))
+    backward = ([0] * len(cells), [0] * len(cells))
+    seen = set()
+    for i, cell in enumerate(cells):
+        for ref in cell.inputs:
+            producer = ref[0]
+            if cells[producer].worker == cell.worker:
+                continue
+            backward[0][i] += 1
+            backward[1][producer] += 1
+            if (tuple(ref), cell.worker) not in seen:
+                seen.add((tuple(ref), cell.worker))
+                forward[0][producer] += 1
+                forward[1][i] += 1
+    return {"forward": forward, "backward": backward}
+
+
+def build_delays(cells: Sequence[Cell], num_workers: int, cost: CostModel, queued: bool) -> List[float]:
+    """Seconds before each worker's first cell for its own build of the
+    step, with a process per device: every cell's description and its own
+    cells' code (``CostModel.build_*``).  The costs measured with threads
+    hold their one build: unqueued (CPU devices) in the time outside the
+    cells, which :func:`step_time` takes it out of; queued (a GPU's host),
+    spread over every cell's host time, so that a worker's own cells
+    already carry their share of it, which is taken off here."""
+    count = len(cells)
+    whole = cost.build_fixed + (cost.build_per_cell + cost.build_per_own_cell) * count
+    delays = []
+    for worker in range(num_workers):
+        own = sum(1 for cell in cells if cell.worker == worker)
+        build = cost.build_fixed + cost.build_per_cell * count + cost.build_per_own_cell * own
+        delays.append(max(0.0, build - (whole * own / count if queued and count else 0.0)))
+    return delays
+
+
 def _host_schedule(sequence: Sequence[int], after: Sequence[Sequence[int]], workers: Sequence[int],
-                   host_seconds: Sequence[float], per_device: bool = False) -> List[float]:
+                   host_seconds: Sequence[float], per_device: bool = False,
+                   host_start: Optional[Sequence[float]] = None) -> List[float]:
     """When each cell's host part is done, with one host for all workers:
     a worker queues its cells in ``sequence``'s order, each once the cells
     in ``after[i]`` are queued; the host takes, whenever it is free, the
     cell that has been ready longest (the earliest in ``sequence`` among
     equals).  Worker threads on one GIL take turns like this.
     ``per_device``: every worker has a host of its own (a process per
-    device), so only a worker's own cells wait for its host."""
+    device), so only a worker's own cells wait for its host, which starts
+    at ``host_start[worker]`` (its build)."""
     rank = {cell: position for position, cell in enumerate(sequence)}
     waits_for: List[List[int]] = [list(after[i]) for i in range(len(host_seconds))]
     previous: Dict[int, int] = {}
@@ -335,7 +416,7 @@ def _host_schedule(sequence: Sequence[int], after: Sequence[Sequence[int]], work
     done = [0.0] * len(host_seconds)
     heap = [(0.0, rank[i], i) for i in sequence if unmet[i] == 0]
     heapq.heapify(heap)
-    host_free: Dict[int, float] = {}
+    host_free: Dict[int, float] = dict(enumerate(host_start)) if per_device and host_start else {}
     while heap:
         ready, _, i = heapq.heappop(heap)
         host = workers[i] if per_device else 0
@@ -384,7 +465,40 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
         cells = transform(built.step.cells) if transform is not None else built.step.cells
         copies = replica_copies and _copies(built)
         forward, backward = replay(cells, plan.size, cost, physical_devices, copies=copies or ())
-    return StepTime(forward, backward, cost.overhead(plan.size))
+    extra = cost.overhead(plan.size)
+    if cost.workers == "processes":
+        extra, parts = _process_extra(model, plan, built.step.cells, cost, extra, cell_seconds=plan.mode == "data")
+        return StepTime(forward, backward, extra, parts)
+    return StepTime(forward, backward, extra)
+
+
+def _process_extra(model, plan: DevicePlan, cells: Sequence[Cell], cost: CostModel, overhead: float,
+                   cell_seconds: bool) -> Tuple[float, Dict[str, float]]:
+    """The time outside a step's passes with a process per device: the
+    trainer's two commands, each stage's copy of its gradients for the
+    trainer at the end of its backward pass (the attention-softmax's leave
+    in the middle of it), and, unqueued, the trainer's time outside the
+    cells without the build it no longer makes; with what each costs and
+    what the passes hold of it (the largest build, the busiest worker's
+    messages) for the reports."""
+    from .owned_bytes import plan_owned_bytes
+
+    queued = cost.host_queues and not cell_seconds
+    count = len(cells)
+    whole = cost.build_fixed + (cost.build_per_cell + cost.build_per_own_cell) * count
+    commands = 2 * cost.command_round_trip
+    if plan.mode == "data":  # every stage fills the whole model's gradients
+        owned = [4.0 * sum(param.numel() for param in model.parameters())] * plan.size
+    else:
+        owned = plan_owned_bytes(model, plan, attention_softmax=plan.mode != "hybrid")
+    copy = max(owned) / cost.copy_bandwidth if cost.copy_bandwidth else 0.0
+    wire = [0.0] * plan.size
+    for phase, (sends, receives) in messages(cells).items():
+        for cell, sent, received in zip(cells, sends, receives):
+            wire[cell.worker] += cost.message_send * sent + cost.message_receive * received
+    parts = {"builds (the longest)": max(build_delays(cells, plan.size, cost, queued), default=0.0),
+             "messages (the busiest host)": max(wire, default=0.0), "commands": commands, "gradient copy": copy}
+    return max(0.0, overhead - (0.0 if queued else whole)) + commands + copy, parts
 
 
 def _copies(built) -> List[ReplicaCopy]:

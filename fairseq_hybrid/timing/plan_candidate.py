@@ -192,6 +192,7 @@ def run_calibrate(spec: Dict) -> Dict:
     engine; each device's slowdown when K such copies train at once; gloo's
     all-reduce of the model's gradients between K processes."""
     from .cpu_calibration import fitted_cost, ring_bandwidth
+    from .worker_costs import worker_costs
 
     k = len(spec["devices"])
     say = lambda text: print(f"[calibrate] {text}", file=sys.stderr, flush=True)  # noqa: E731
@@ -232,7 +233,13 @@ def run_calibrate(spec: Dict) -> Dict:
     say(f"gloo's all-reduce between {k} processes")
     nbytes = int(gradient_bytes(engine))
     reduce_seconds = max(spawned(reduce_process, (k, nbytes, spec["port"]), k))
-    return {"one_thread": one.__dict__, "engine_seconds": engine_seconds, "plain_seconds": alone,
+    say("a process per device: a stage's build, its messages, the trainer's commands")
+    command_bytes = sum(value.numel() * value.element_size() for value in samples[0]["net_input"].values()
+                        if isinstance(value, torch.Tensor))
+    layers = (len(engine.encoder.stack.layers), len(engine.decoder.stack.layers))
+    processes = worker_costs(engine, layers, samples[:2], command_bytes)
+    return {"one_thread": one.__dict__, "processes": processes, "engine_seconds": engine_seconds,
+            "plain_seconds": alone,
             "plain_all_threads_seconds": all_threads, "together_seconds": together,
             "slowdown": statistics.mean(together) / alone, "threads": k,
             "reduce_bytes": nbytes, "reduce_seconds": reduce_seconds,

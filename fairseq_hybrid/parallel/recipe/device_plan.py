@@ -224,9 +224,11 @@ def check_options(cfg) -> None:
         return
     chunk_length = chunk_length_option(getattr(cfg, "hybrid_chunk_length", 0))
     if (cost_model and placement != AUTO and chunk_length != AUTO and softmax_chunks != AUTO
-            and micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1)) != AUTO):
+            and micro_batches_option(getattr(cfg, "hybrid_micro_batches", 1)) != AUTO
+            and getattr(cfg, "hybrid_workers", AUTO) != AUTO):
         raise DevicePlanError("--hybrid-cost-model is used by --hybrid-placement auto, --hybrid-chunk-length "
-                              "auto, --hybrid-micro-batches auto and --hybrid-softmax-chunks auto only")
+                              "auto, --hybrid-micro-batches auto, --hybrid-softmax-chunks auto and "
+                              "--hybrid-workers auto only")
     timeout = getattr(cfg, "hybrid_timeout", 1.0)
     if not timeout > 0:
         raise DevicePlanError(f"--hybrid-timeout must be > 0 seconds, got {timeout}")

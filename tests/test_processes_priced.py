@@ -1,0 +1,195 @@
+"""A process per device priced as built (planning/schedule_simulator.py,
+timing/worker_costs.py, forecasts/gpu_costs.py): the messages the
+simulator counts are the ones the stages send, each cost it adds is there
+when given and gone when free, and the GPU forecast takes the measured
+file or the GPU check's readings."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from fairseq_hybrid.criterions.hybrid_cross_entropy import HybridCrossEntropyCriterion
+from fairseq_hybrid.forecasts import gpu_costs
+from fairseq_hybrid.harness.exactness import single_and_group
+from fairseq_hybrid.harness.measuring import loss_and_grads
+from fairseq_hybrid.harness.stand_ins import StandInTask
+from fairseq_hybrid.parallel import build_plan, build_step
+from fairseq_hybrid.planning.owned_bytes import plan_owned_bytes
+from fairseq_hybrid.planning.schedule_simulator import CostModel, messages, step_time
+from fairseq_hybrid.planning.twin_model import batch, twin_model
+
+FIXED = {f"{kind}/{phase}": 1e-4 for kind in ("lstm", "attention_softmax", "embedding", "gather")
+         for phase in ("forward", "backward")}
+
+
+@pytest.mark.parametrize("mode,count,micro_batches", [("hybrid", 2, 1), ("hybrid", 3, 2), ("model", 2, 1)])
+def test_the_messages_counted_are_the_ones_the_stages_send(mode, count, micro_batches, dictionaries):
+    """A step of real stages sends, over both passes, exactly the messages
+    the simulator counts for the same cells (forward: an output once to
+    each worker that reads it; backward: a gradient for every input read
+    from another worker)."""
+    options = {"hybrid_devices": ",".join(["cpu"] * count), "hybrid_mode": mode, "hybrid_workers": "processes",
+               "hybrid_chunk_length": 2, "hybrid_micro_batches": micro_batches}
+    _, group, sample = single_and_group(dictionaries, options)
+    criterion = HybridCrossEntropyCriterion(StandInTask(*dictionaries), False, 0.1, output_loss_chunk_rows=5)
+    try:
+        loss_and_grads(group, criterion, sample)
+        sent = group.hybrid_group.runtime.sent[0]
+    finally:
+        group.hybrid_group.stages.close()
+    hybrid = group.hybrid_group
+    built = build_step(group, hybrid.plan, sample["net_input"], sample["target"], None, 2, micro_batches)
+    counted = messages(built.step.cells)
+    assert sent == sum(counted["forward"][0]) + sum(counted["backward"][0])
+    assert sum(counted["forward"][0]) == sum(counted["forward"][1]) > 0
+    assert sum(counted["backward"][0]) == sum(counted["backward"][1]) >= sum(counted["forward"][0])
+
+
+def tiny_step(cost, k=2, chunk_length=3):
+    model, cfg = twin_model("hybrid_lstm_tiny", 60, encoder_layers=4, decoder_layers=4)
+    plan = build_plan(",".join(["cpu"] * k), "", "hybrid", 4, 4)
+    return step_time(model, plan, *batch(6, [7, 5, 9, 4, 8, 6], 8), cost, chunk_length), model, plan
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_each_cost_of_processes_adds_what_it_says(queued):
+    """Free, processes cost what threads cost with a host per device; each
+    measured cost then adds to the step (a build delays each worker's first
+    cell, messages lengthen the cells' host time, the commands and the
+    gradients' copy lengthen the step), and the report names each."""
+    threads = CostModel(fixed=dict(FIXED), step_overhead=2e-3, host_queues=queued, host_per_device=True)
+    free = copy.deepcopy(threads)
+    free.workers = "processes"
+    base, model, plan = tiny_step(threads)
+    same, _, _ = tiny_step(free)
+    assert same.total == pytest.approx(base.total, rel=1e-12)
+    assert same.parts == {"builds (the longest)": 0.0, "messages (the busiest host)": 0.0, "commands": 0.0,
+                          "gradient copy": 0.0}
+
+    commands = copy.deepcopy(free)
+    commands.command_round_trip = 1e-3
+    assert tiny_step(commands)[0].total == pytest.approx(base.total + 2e-3, rel=1e-9)
+    copying = copy.deepcopy(free)
+    copying.copy_bandwidth = 1e8
+    end_of_pass = max(plan_owned_bytes(model, plan, attention_softmax=False))
+    assert tiny_step(copying)[0].total == pytest.approx(base.total + end_of_pass / 1e8, rel=1e-9)
+    talking = copy.deepcopy(free)
+    talking.message_send = talking.message_receive = 2e-5
+    talked = tiny_step(talking)[0]
+    assert talked.forward > base.forward and talked.backward > base.backward
+    assert talked.parts["messages (the busiest host)"] > 0
+    building = copy.deepcopy(free)
+    building.build_fixed, building.build_per_cell, building.build_per_own_cell = 1e-4, 5e-6, 8e-6
+    built = tiny_step(building)[0]
+    assert built.parts["builds (the longest)"] > 0 and built.backward == pytest.approx(base.backward, rel=1e-12)
+    assert built.forward > base.forward
+    if not queued:  # the trainer no longer builds: its time outside the cells loses the threads' one build
+        cells = len(build_step(model, plan, *batch(6, [7, 5, 9, 4, 8, 6], 8), None, 3).step.cells)
+        whole = 1e-4 + 13e-6 * cells
+        assert built.extra == pytest.approx(base.extra - whole, rel=1e-9)
+
+
+def test_the_gpu_forecast_prices_processes_as_measured(tmp_path):
+    """Under a GPU set, a process per device takes the measured file's
+    costs (the gloo header at each end of a message), or, where a cost file
+    holds the GPU check's readings for processes, their host time per call
+    and nothing beside it."""
+    report = gpu_costs.worker_costs_report()
+    cost = gpu_costs.as_built_processes(CostModel(fixed=dict(FIXED)), "a100", None, 4)
+    assert cost.workers == "processes"
+    assert cost.message_send == report["gloo_header"]["message_send"]
+    assert cost.build_per_cell == report["build_per_cell"] and cost.command_round_trip == report["command_round_trip"]
+    assert cost.copy_bandwidth == gpu_costs.MEMORY_BANDWIDTH["a100"] / 2
+    readings = {"workers": {"rows": [
+        {"devices": "cuda:0", "workers": "processes", "host_us_per_call": [40.0]},
+        {"devices": "cuda:0,cuda:1,cuda:2,cuda:3", "workers": "processes", "host_us_per_call": [50.0, 70.0, 60.0, 60.0]},
+        {"devices": "cuda:0,cuda:1,cuda:2,cuda:3", "workers": "threads", "host_us_per_call": [10.0] * 4}]}}
+    path = tmp_path / "cost_file.json"
+    path.write_text(json.dumps(readings))
+    read = gpu_costs.as_built_processes(CostModel(fixed=dict(FIXED)), "a100", str(path), 4)
+    assert list(read.fixed.values()) == pytest.approx([60e-6] * len(FIXED))
+    assert read.message_send == 0.0 and read.build_fixed == 0.0
+
+
+def test_worker_costs_measure_this_machine():
+    """The wires' costs are measured between two processes of this machine
+    (no process left behind) and the build's fit predicts the builds it was
+    fitted to."""
+    import multiprocessing
+
+    from fairseq_hybrid.timing.worker_costs import build_costs, wire_costs
+
+    for kind in ("host", "gloo header"):
+        measured = wire_costs(kind, 1000)
+        assert 0 < measured["message_send"] < 0.05 and 0 < measured["message_receive"] < 0.05
+        assert 0 < measured["command_round_trip"] < 0.05
+    assert not multiprocessing.active_children()
+    model, cfg = twin_model("hybrid_lstm_tiny", 60, encoder_layers=4, decoder_layers=4)
+    net_input, target = batch(6, [7, 5, 9, 4, 8, 6], 8)
+    fitted = build_costs(model, (4, 4), [{"net_input": net_input, "target": target}], repeats=3)
+    assert fitted["build_samples"] == 2 * (3 + 5)  # K = 2 and 4, whole and each worker, two chunk lengths
+    assert fitted["build_per_cell"] + fitted["build_per_own_cell"] > 0
+    assert torch.isfinite(torch.tensor([fitted["build_fixed"], fitted["build_per_cell"]])).all()
+
+
+def test_auto_takes_the_workers_the_h200_file_prices_faster(tmp_path):
+    """Under the H200's cost file (its cost models for a group of 4 added
+    as calibrate adds them), a process per device prices the paper's model
+    at 128 sentences faster, so auto takes it; made dearer than threads
+    (a command's round trip of 20 ms), auto takes threads."""
+    import shutil
+
+    from fairseq_hybrid.command_lines.train_command import parse_training
+    from fairseq_hybrid.forecasts.cost_file import add_engine_cost_model
+    from fairseq_hybrid.planning import priced_workers
+
+    path = str(tmp_path / "h200.json")
+    shutil.copy("docs/bench/cost_file_h200.json", path)
+    add_engine_cost_model(path, parse_training(["-", "--arch", "hybrid_lstm_paper", "--batch-size", "128"]), 4)
+    threads, processes = CostModel.load(path), CostModel.load(path, "processes_cost_model")
+    assert threads.workers == "threads" and processes.workers == "processes" and processes.message_send > 0
+    model, cfg = twin_model("hybrid_lstm_paper", 32000)
+    plan = build_plan(",".join(["cpu"] * 4), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
+    sample = batch(128, [50] * 128, 50)
+    chosen, prices = priced_workers(model, plan, *sample, threads, processes, 25)
+    assert chosen == "processes" and prices["processes"] < prices["threads"]
+    processes.command_round_trip = 0.02
+    chosen, prices = priced_workers(model, plan, *sample, threads, processes, 25)
+    assert chosen == "threads" and prices["processes"] > prices["threads"]
+
+
+@pytest.mark.parametrize("round_trip,expected", [(0.0, "processes"), (1.0, "threads")])
+def test_a_group_with_auto_workers_runs_what_its_cost_file_prices_faster(round_trip, expected, dictionaries, tmp_path):
+    """A group given a cost file with both cost models and --hybrid-workers
+    auto starts, at its first batch, the kind priced faster: a host per
+    device queueing its cells when processes cost nothing more, threads
+    when each command takes a second."""
+    from fairseq_hybrid.parallel import StageProcesses, WorkerThreads
+
+    threads = CostModel(fixed=dict(FIXED), host_queues=True)
+    processes = CostModel(fixed=dict(FIXED), host_queues=True, host_per_device=True, workers="processes",
+                          command_round_trip=round_trip)
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"cost_model": threads.__dict__, "processes_cost_model": processes.__dict__}))
+    options = {"hybrid_devices": "cpu,cpu", "hybrid_workers": "auto", "hybrid_cost_model": str(path)}
+    _, group, sample = single_and_group(dictionaries, options)
+    criterion = HybridCrossEntropyCriterion(StandInTask(*dictionaries), False, 0.1, output_loss_chunk_rows=5)
+    hybrid = group.hybrid_group
+    assert hybrid.workers == "threads" and hybrid.prices is not None  # not chosen before a batch
+    try:
+        loss_and_grads(group, criterion, sample)
+        assert hybrid.workers == expected
+        assert isinstance(hybrid.runtime, StageProcesses if expected == "processes" else WorkerThreads)
+    finally:
+        if hybrid.stages is not None:
+            hybrid.stages.close()
+
+
+def test_auto_without_prices_for_processes_keeps_threads(dictionaries, tmp_path):
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"cost_model": CostModel(fixed=dict(FIXED)).__dict__}))
+    options = {"hybrid_devices": "cpu,cpu", "hybrid_workers": "auto", "hybrid_cost_model": str(path)}
+    _, group, _ = single_and_group(dictionaries, options)
+    assert group.hybrid_group.prices is None and group.hybrid_group.workers == "threads"
