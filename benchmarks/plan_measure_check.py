@@ -10,6 +10,7 @@ noise? (``--out``.json/.md; docs/benchmarks.md, "Measured on your own
 devices").
 
   python benchmarks/plan_measure_check.py work/tatoeba_ja_en/bin --out docs/bench/plan_measure
+  python benchmarks/plan_measure_check.py work/tatoeba_ja_en/bin --host-bound --out docs/bench/plan_measure_host_bound
 """
 
 import argparse
@@ -22,23 +23,28 @@ import sys
 import time
 
 from fairseq_hybrid.harness.measuring import NO_DATA, write_report
+from fairseq_hybrid.timing.cpu_calibration import cpu_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
+
+
+HOST_BOUND = ["--arch", "hybrid_lstm_tiny", "--encoder-layers", "4", "--decoder-layers", "4"]  # bench_suite's
 
 
 def suite_names(k: int):
     """The plan's candidates' counterparts among the suite's systems."""
     return {"one GPU": f"hybrid_lstm_base, 1 device, {k} threads",
             f"DDP on {k}": f"data parallel across {k} gloo processes",
-            f"one group of {k}": f"hybrid on {k} devices, placement and micro-batches auto"}
+            f"one group of {k}, threads": f"hybrid on {k} devices, placement and micro-batches auto",
+            f"one group of {k}, processes": f"hybrid on {k} devices, placement and micro-batches auto, processes"}
 
 
 def run_suite(args, names, out):
     command = [sys.executable, os.path.join(HERE, "bench_suite.py"), args.data, "--devices", str(args.devices),
                "--max-tokens", str(args.max_tokens), "--batches", str(args.suite_batches), "--rounds",
                str(args.rounds), "--systems", ";".join(names), "--no-simulation", "--global-batch", "--out", out,
-               "--port", str(args.port)]
+               "--port", str(args.port)] + (["--host-bound"] if args.host_bound else [])
     rounds = {name: [] for name in names}
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as suite:
         for line in suite.stdout:
@@ -56,7 +62,8 @@ def run_plan(args, out):
                "--rounds", str(args.rounds), "--batches", str(args.plan_batches), "--json", out, "--",
                "fairseq-train", args.data, "--arch", "hybrid_lstm_base", "--criterion",
                "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1", "--max-tokens",
-               str(args.max_tokens), "--source-lang", "ja", "--target-lang", "en"]
+               str(args.max_tokens), "--source-lang", "ja", "--target-lang", "en"] + (HOST_BOUND if args.host_bound
+                                                                                     else [])
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     print(done.stdout, flush=True)
     if done.returncode:
@@ -75,6 +82,9 @@ def main(argv=None) -> int:
     parser.add_argument("--suite-batches", type=int, default=10, help="bench_suite.py --batches")
     parser.add_argument("--plan-batches", type=int, default=8, help="fairseq-hybrid-plan --batches")
     parser.add_argument("--port", type=int, default=29681, help="the suite's gloo processes")
+    parser.add_argument("--host-bound", action="store_true",
+                        help="the regime a GPU's host is in, where a cell's call is mostly host time: "
+                        + " ".join(HOST_BOUND) + " (bench_suite.py --host-bound)")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.data):
         parser.error(f"{args.data}: {NO_DATA}")
@@ -110,7 +120,9 @@ def main(argv=None) -> int:
               f"measured fastest: {fastest}; the plan's pick is "
               + ("the suite's fastest." if picked == fastest else
                  "within the suite's noise." if within_noise else "outside the suite's noise."),
-              "", f"{args.devices} CPU devices, hybrid_lstm_base, --max-tokens {args.max_tokens}, {args.rounds} "
+              "", f"{args.devices} CPU devices, "
+              f"{' '.join(HOST_BOUND) + ' (host-bound)' if args.host_bound else 'hybrid_lstm_base'}, {cpu_name()}, "
+              f"--max-tokens {args.max_tokens}, {args.rounds} "
               f"rounds each (suite: {args.suite_batches} timed batches a run; plan: {args.plan_batches}); the plan "
               "counts padded source + target tokens, the suite target tokens; the suite's gloo processes split every "
               "batch (--global-batch); measured "

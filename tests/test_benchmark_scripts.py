@@ -252,9 +252,11 @@ def test_plan_measure_check_smoke(binarized, tmp_path):
         "--max-tokens", "200", "--suite-batches", "2", "--plan-batches", "2", "--port", "29673", "--out", out,
         timeout=900)
     report = json.load(open(f"{out}.json"))
-    assert [row["name"] for row in report["plan"]["rows"]] == ["one GPU", "DDP on 2", "one group of 2"]
+    assert [row["name"] for row in report["plan"]["rows"]] == ["one GPU", "DDP on 2", "one group of 2, threads",
+                                                               "one group of 2, processes"]
     assert set(report["suite"]) == {"hybrid_lstm_base, 1 device, 2 threads", "data parallel across 2 gloo processes",
-                                    "hybrid on 2 devices, placement and micro-batches auto"}
+                                    "hybrid on 2 devices, placement and micro-batches auto",
+                                    "hybrid on 2 devices, placement and micro-batches auto, processes"}
     suite, picked, fastest = report["suite"], report["plan_picks"], report["suite_fastest"]
     assert picked in suite and fastest == max(suite, key=lambda name: suite[name]["median"])
     assert all(row["median"] == statistics.median(row["rounds"]) for row in suite.values())

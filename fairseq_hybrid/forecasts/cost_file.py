@@ -185,7 +185,14 @@ def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str
         "calibration": calibration,
     }
     if "processes" in calibration:  # what --hybrid-workers auto prices a process per device with
-        data["processes_cost_model"] = dict(calibration["one_thread"], workers="processes", host_per_device=True,
+        one = calibration["one_thread"]
+        residual = calibration.get("group_residual", {})
+        overhead = one.get("group_step_overhead")
+        overhead = one["step_overhead"] if overhead is None else overhead
+        # beside cost_model: what a group of processes measured beyond its price, over what threads did
+        overhead = max(0.0, overhead + residual.get("processes", 0.0) - residual.get("threads", 0.0))
+        data["processes_cost_model"] = dict(one, workers="processes", host_per_device=True,
+                                            group_step_overhead=overhead,
                                             **{name: float(calibration["processes"][name]) for name in PROCESS_FIELDS})
     return _saved(path, data)
 

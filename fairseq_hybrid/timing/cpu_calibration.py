@@ -135,12 +135,17 @@ def cpu_costs(calibration: Dict, workers: str = "threads") -> Tuple[callable, Co
     all ranks run, its link gloo's all-reduce.  Returns a function of K
     giving the group's and one device's cost models, and one rank's.
     ``workers="processes"``: the group with a process per device, as
-    built (:func:`as_processes`; the calibration's ``processes``)."""
+    built (:func:`as_processes`; the calibration's ``processes``).  Each
+    kind's group adds to its step what a group of it measured beyond its
+    price on the calibration's batches (``group_residual``)."""
     engine = CostModel(**calibration["one_thread"])
     group = copy.deepcopy(engine)
     group.slowdown = calibration["slowdown"]
     if workers == "processes":
         group = as_processes(group, calibration["processes"])
+    residual = calibration.get("group_residual", {}).get(workers, 0.0)
+    if residual:  # what a group measured beyond its price on the calibration's batches (plan_candidate)
+        group.group_step_overhead = max(0.0, group.overhead(2) + residual)
     one = scaled(engine, calibration["plain_all_threads_seconds"] / calibration["engine_seconds"], outside_cells=True)
     rank = scaled(scaled(engine, calibration["plain_seconds"] / calibration["engine_seconds"], outside_cells=True),
                   calibration["slowdown"])

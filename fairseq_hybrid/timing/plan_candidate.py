@@ -238,13 +238,44 @@ def run_calibrate(spec: Dict) -> Dict:
                         if isinstance(value, torch.Tensor))
     layers = (len(engine.encoder.stack.layers), len(engine.decoder.stack.layers))
     processes = worker_costs(engine, layers, samples[:2], command_bytes)
-    return {"one_thread": one.__dict__, "processes": processes, "engine_seconds": engine_seconds,
-            "plain_seconds": alone,
-            "plain_all_threads_seconds": all_threads, "together_seconds": together,
-            "slowdown": statistics.mean(together) / alone, "threads": k,
-            "reduce_bytes": nbytes, "reduce_seconds": reduce_seconds,
-            "reduce_bandwidth": ring_bandwidth(nbytes, k, reduce_seconds) if k > 1 else float("inf"),
-            "batches": len(samples)}
+    calibration = {"one_thread": one.__dict__, "processes": processes, "engine_seconds": engine_seconds,
+                   "plain_seconds": alone,
+                   "plain_all_threads_seconds": all_threads, "together_seconds": together,
+                   "slowdown": statistics.mean(together) / alone, "threads": k,
+                   "reduce_bytes": nbytes, "reduce_seconds": reduce_seconds,
+                   "reduce_bandwidth": ring_bandwidth(nbytes, k, reduce_seconds) if k > 1 else float("inf"),
+                   "batches": len(samples)}
+    if k > 1:
+        say(f"a group of {k} with threads and with processes, against their prices")
+        calibration["group_residual"] = group_residuals(spec, calibration, samples)
+    return calibration
+
+
+def group_residuals(spec: Dict, calibration: Dict, samples) -> Dict[str, float]:
+    """For each kind of workers, what a group of the calibration's devices
+    (default options) measured a step on the calibration's batches beyond
+    what the calibration so far prices it at: what neither the cells' fit
+    nor the measured costs of processes hold (worker threads taking turns
+    on one interpreter, three processes on the cores, messages and
+    commands in a busy step); the prices add it to the group's step."""
+    from ..planning.schedule_simulator import step_time
+    from .cpu_calibration import cpu_costs
+
+    residuals = {}
+    for workers in ("threads", "processes"):
+        _, _, model, criterion = build(spec["train"], spec["devices"], {"workers": workers}, with_batches=False)
+        group = model.hybrid_group
+        try:
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+            measured = timed(model, criterion, optimizer, samples, 1, "cpu") / len(samples)
+        finally:
+            if group.stages is not None:
+                group.stages.close()
+        cost = cpu_costs(calibration, workers)[0](len(spec["devices"]))[0]
+        priced = statistics.mean(step_time(model, group.plan, sample["net_input"], sample["target"], cost).total
+                                 for sample in samples)
+        residuals[workers] = measured - priced
+    return residuals
 
 
 def run_gpu_calibrate(spec: Dict) -> Dict:
