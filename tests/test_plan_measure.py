@@ -108,6 +108,9 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
     assert set(parts) == {"builds (the longest)", "messages (the busiest host)", "commands", "gradient copy"}
     measured = result["calibration"]["processes"]
     assert parts["commands"] == pytest.approx(2e3 * measured["command_round_trip"], rel=1e-12)
+    # a send priced as the calibration's group of processes timed it, the idle pair's kept beside it
+    assert measured["idle_message_send"] > 0 and measured["message_send"] > 0
+    assert set(result["calibration"]["group_residual"]) == {"threads", "processes"}
     assert parts["builds (the longest)"] > 1e3 * measured["build_fixed"]
     assert result["fastest_measured"] in names
     assert "[measure] calibrated in" in printed.err and "[measure] round 2/2: DDP on 2" in printed.err
@@ -145,7 +148,9 @@ def test_measure_runs_groups_under_ddp(binarized, tmp_path):
                       "--json", str(out), "--", "fairseq-train", str(binarized / "bin"), *TINY])
     assert code == 0
     rows = {row["name"]: row for row in json.loads(out.read_text())["rows"]}
-    ddp_groups = rows["2 groups of 2 under DDP"]
+    assert [name for name in rows if "groups of 2" in name] == ["2 groups of 2 under DDP, threads",
+                                                                "2 groups of 2 under DDP, processes"]
+    ddp_groups = rows["2 groups of 2 under DDP, threads"]
     assert ddp_groups["measured_tokens_per_s"] == ddp_groups["measured_rounds"][0] > 0  # its one round
     assert ddp_groups["measured_vs_predicted"] == pytest.approx(ddp_groups["measured_rounds"][0]
                                                                 / ddp_groups["predicted_rounds"][0])

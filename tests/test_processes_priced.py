@@ -36,7 +36,8 @@ def test_the_messages_counted_are_the_ones_the_stages_send(mode, count, micro_ba
     criterion = HybridCrossEntropyCriterion(StandInTask(*dictionaries), False, 0.1, output_loss_chunk_rows=5)
     try:
         loss_and_grads(group, criterion, sample)
-        sent = group.hybrid_group.runtime.sent[0]
+        sent, _, seconds = group.hybrid_group.runtime.sent
+        assert group.hybrid_group.runtime.sent_so_far == [sent, _, seconds] and seconds > 0  # one step so far
     finally:
         group.hybrid_group.stages.close()
     hybrid = group.hybrid_group

@@ -257,21 +257,38 @@ def group_residuals(spec: Dict, calibration: Dict, samples) -> Dict[str, float]:
     what the calibration so far prices it at: what neither the cells' fit
     nor the measured costs of processes hold (worker threads taking turns
     on one interpreter, three processes on the cores, messages and
-    commands in a busy step); the prices add it to the group's step."""
+    commands in a busy step); the prices add it to the group's step.  A
+    message's send is priced at what the group's stages took a send in
+    these steps (their wires' own timers), not the idle pair's."""
+    from ..parallel import DevicePlanError
     from ..planning.schedule_simulator import step_time
     from .cpu_calibration import cpu_costs
 
     residuals = {}
     for workers in ("threads", "processes"):
-        _, _, model, criterion = build(spec["train"], spec["devices"], {"workers": workers}, with_batches=False)
+        model = None
+        for size in range(len(spec["devices"]), 1, -1):  # the largest group the model has layers for
+            try:
+                _, _, model, criterion = build(spec["train"], spec["devices"][:size], {"workers": workers},
+                                               with_batches=False)
+                break
+            except DevicePlanError:
+                continue
+        if model is None:
+            return {}
         group = model.hybrid_group
         try:
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
             measured = timed(model, criterion, optimizer, samples, 1, "cpu") / len(samples)
+            if group.stages is not None and group.stages.sent_so_far[0]:
+                # a send in a busy step: what the stages' own timers say, beside the idle pair's measurement
+                messages, _, seconds = group.stages.sent_so_far
+                calibration["processes"].update(idle_message_send=calibration["processes"]["message_send"],
+                                                message_send=seconds / messages)
         finally:
             if group.stages is not None:
                 group.stages.close()
-        cost = cpu_costs(calibration, workers)[0](len(spec["devices"]))[0]
+        cost = cpu_costs(calibration, workers)[0](group.plan.size)[0]
         priced = statistics.mean(step_time(model, group.plan, sample["net_input"], sample["target"], cost).total
                                  for sample in samples)
         residuals[workers] = measured - priced

@@ -23,6 +23,7 @@ a cell of an earlier wavefront clock and the schedule cannot deadlock.
 from __future__ import annotations
 
 import datetime
+import time
 from collections import deque
 from typing import Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
@@ -68,6 +69,19 @@ class InOrder:
     def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
         raise NotImplementedError
 
+    send_seconds: float  # this stage's time in its sends so far (what a message costs it in a step)
+
+    def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False) -> None:
+        """Send ``tensor`` (or nothing) to ``peer``, timed."""
+        started = time.perf_counter()
+        try:
+            self._send(peer, tensor, requires_grad)
+        finally:
+            self.send_seconds += time.perf_counter() - started
+
+    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool) -> None:
+        raise NotImplementedError
+
 
 class GpuWire(InOrder):
     """This stage's messages to and from the other stages of its group."""
@@ -88,10 +102,11 @@ class GpuWire(InOrder):
             self.data = self.headers
         self.pending: List[object] = []  # sends not waited for, and the tensors they read
         self.sent = [0, 0]  # messages and tensor bytes sent so far (what a step costs the transport)
+        self.send_seconds = 0.0
         self.expected: Dict[int, Deque[Hashable]] = {}
         self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
 
-    def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False) -> None:
+    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool) -> None:
         header = torch.full((HEADER,), -1, dtype=torch.int64)
         if tensor is not None:
             if tensor.dim() > MAX_DIMS:

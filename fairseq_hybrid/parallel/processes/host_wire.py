@@ -121,10 +121,11 @@ class HostWire(InOrder):
         for sender in self.senders.values():
             sender.start()
         self.sent = [0, 0]  # messages and tensor bytes sent so far
+        self.send_seconds = 0.0
         self.expected: Dict[int, Deque[Hashable]] = {}
         self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
 
-    def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False) -> None:
+    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool) -> None:
         sender = self.senders[peer]
         if sender.error is not None:
             raise PeerLost(f"a message to stage {peer} failed: {sender.error}")

@@ -203,12 +203,14 @@ class Stage:
         """What this stage does now, for the trainer to name if it hangs or dies."""
         self.activity.value = text.encode("utf-8", "replace")[:len(self.activity) - 1]
 
-    def _sent(self) -> List[int]:
-        """Messages and bytes this stage sent since it last said."""
+    def _sent(self) -> List[float]:
+        """Messages and bytes this stage sent since it last said, and the
+        seconds its sends took."""
         if self.wire is None:
-            return [0, 0]
-        sent, self.wire.sent = self.wire.sent, [0, 0]
-        return sent
+            return [0, 0, 0.0]
+        sent, seconds = self.wire.sent, self.wire.send_seconds
+        self.wire.sent, self.wire.send_seconds = [0, 0], 0.0
+        return [*sent, seconds]
 
 
 def peak_mib(device: torch.device) -> float:

@@ -66,7 +66,8 @@ class StageProcesses:
         self.params = list(model.parameters())
         self.processes: List = []
         self.peak_mib: List[float] = []
-        self.sent = [0, 0]
+        self.sent = [0, 0, 0.0]
+        self.sent_so_far = [0, 0, 0.0]  # the same over every step so far
         self.conns: List = []
         self.activity: List = []
         self.pointers: Tuple[int, ...] = ()
@@ -242,10 +243,11 @@ class StageProcesses:
         if self.report_usage is not None and self.usage is not None:
             self.report_usage(DeviceUsage([busy + reply["busy"] for busy, reply in zip(self.usage.busy, replies)],
                                           self.usage.wall + time.perf_counter() - started))
-        self.sent = [0, 0]  # the step's messages and bytes between the stages (forward and backward)
+        self.sent = [0, 0, 0.0]  # the step's messages and bytes between the stages and the seconds sending took
         for me, reply in enumerate(replies):
             self.sent = [total + part for total, part in zip(self.sent, reply["sent"])]
             self.peak_mib[me] = reply["peak_mib"]
+        self.sent_so_far = [total + part for total, part in zip(self.sent_so_far, self.sent)]
         with torch.no_grad():
             self.lent = sums.into_params()
         self.added_early = sums.added_early
