@@ -194,3 +194,27 @@ def test_auto_without_prices_for_processes_keeps_threads(dictionaries, tmp_path)
     options = {"hybrid_devices": "cpu,cpu", "hybrid_workers": "auto", "hybrid_cost_model": str(path)}
     _, group, _ = single_and_group(dictionaries, options)
     assert group.hybrid_group.prices is None and group.hybrid_group.workers == "threads"
+
+
+def test_the_wire_measurement_leaves_no_process_when_its_own_ends_abruptly():
+    """The peer a wire measurement forks ends with the process that
+    measures, even one killed mid-measurement (os._exit: no handler runs)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from conftest import alive
+
+    code = ("import multiprocessing, os, threading, time\n"
+            "from fairseq_hybrid.timing import worker_costs\n"
+            "threading.Thread(target=worker_costs.wire_costs, args=('host',), daemon=True).start()\n"
+            "while not multiprocessing.active_children(): time.sleep(0.01)\n"
+            "print(multiprocessing.active_children()[0].pid, flush=True)\n"
+            "os._exit(1)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    peer = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while alive(peer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(peer), f"the measurement's peer {peer} outlived it"

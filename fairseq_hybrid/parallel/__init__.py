@@ -34,6 +34,7 @@ from .runtime.replicas import ModelReplicas
 from .runtime.seeded_dropout import SeededDropout
 from .processes.gpu_wire import GpuWire
 from .processes.host_wire import HostWire, wire_ends
+from .processes.stage import watch_parent
 from .processes.stage_processes import StageProcesses
 from .recipe.single_device_masks import draw_single_device_masks
 from .step import StepShape, WorkerThreads, build_step, run_step
@@ -47,5 +48,5 @@ __all__ = [
     "check_options", "chunk_length_option", "draw_single_device_masks", "clocks", "default_placement", "host_of", "keep_on_host",
     "labelled_cells", "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text",
     "plan_table", "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "step_scope",
-    "time_chunks", "wire_ends",
+    "time_chunks", "watch_parent", "wire_ends",
 ]

@@ -24,6 +24,7 @@ as built"):
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import statistics
 import time
@@ -70,11 +71,15 @@ def build_costs(model, layers: Sequence[int], samples: Sequence, groups: Sequenc
             "build_samples": len(seconds)}
 
 
-def _peer(kind: str, ends, commands) -> None:
+def _peer(kind: str, ends, commands, parent: int) -> None:
     """The other stage of :func:`wire_costs`: on the host wire, receives
     the messages once they are all written, timing its receives; on gloo,
     sends each header back as it comes (gloo's send completes only once
-    it is received); then answers commands."""
+    it is received); then answers commands.  It ends with the process
+    that measures, however that one ends."""
+    from ..parallel import watch_parent
+
+    watch_parent(parent)
     wire = _wire(kind, 1, ends)
     keys = list(range(MESSAGES))
     wire.expect(0, keys)
@@ -132,7 +137,7 @@ def wire_costs(kind: str = "host", command_bytes: int = 0) -> Dict[str, float]:
             probe.bind(("127.0.0.1", 0))
             ends = probe.getsockname()[1]  # a free port for the stages' store
     mine, theirs = context.Pipe()
-    peer = context.Process(target=_peer, args=(kind, ends, theirs), daemon=True)
+    peer = context.Process(target=_peer, args=(kind, ends, theirs, os.getpid()), daemon=True)
     peer.start()
     try:
         wire = _wire(kind, 0, ends)

@@ -230,8 +230,8 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def _watch_parent(parent: int) -> None:
-    """End this process with the trainer's, however that one ends: Linux's
+def watch_parent(parent: int) -> None:
+    """End this process with its parent's (the trainer's), however that one ends: Linux's
     parent-death signal, and a thread that checks the parent's id (for the
     moment between the fork and the signal's setting, and elsewhere)."""
     try:
@@ -254,7 +254,7 @@ def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional
     """A stage process's whole life: set up, then answer the trainer's
     commands until it says stop; any failure is reported, then the process
     ends (the trainer starts new stages)."""
-    _watch_parent(parent)
+    watch_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it ends the stages
     device = plan.devices[me]
     if device.type == "cpu":

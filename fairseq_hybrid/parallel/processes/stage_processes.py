@@ -11,7 +11,7 @@ error and a stage that dies is named (with the cell it was running, which
 each stage writes into memory shared with the trainer) within a second;
 ``--hybrid-timeout`` bounds each pass.  Either way every stage is ended,
 and the next step starts new ones.  No stage outlives the trainer
-(:func:`.stage._watch_parent`, and :meth:`StageProcesses.close` at exit or
+(:func:`.stage.watch_parent`, and :meth:`StageProcesses.close` at exit or
 when the group goes).
 """
 
