@@ -41,7 +41,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List
 
-from ..planning.schedule_simulator import PROCESS_FIELDS
+from ..planning.schedule_simulator import CostModel
 from . import gpu_costs
 
 __all__ = ["CostFileError", "CostFile", "CPU", "add_engine_cost_model", "load", "register", "write", "write_cpu"]
@@ -185,15 +185,11 @@ def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str
         "calibration": calibration,
     }
     if "processes" in calibration:  # what --hybrid-workers auto prices a process per device with
-        one = calibration["one_thread"]
+        processes = CostModel(**calibration["one_thread"]).as_processes(calibration["processes"])
         residual = calibration.get("group_residual", {})
-        overhead = one.get("group_step_overhead")
-        overhead = one["step_overhead"] if overhead is None else overhead
         # beside cost_model: what a group of processes measured beyond its price, over what threads did
-        overhead = max(0.0, overhead + residual.get("processes", 0.0) - residual.get("threads", 0.0))
-        data["processes_cost_model"] = dict(one, workers="processes", host_per_device=True,
-                                            group_step_overhead=overhead,
-                                            **{name: float(calibration["processes"][name]) for name in PROCESS_FIELDS})
+        processes.add_group_overhead(residual.get("processes", 0.0) - residual.get("threads", 0.0))
+        data["processes_cost_model"] = dict(processes.__dict__)
     return _saved(path, data)
 
 

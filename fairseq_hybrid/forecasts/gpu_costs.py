@@ -226,18 +226,14 @@ def as_built_processes(cost: CostModel, name: str, path: Optional[str], k: int) 
     bandwidth.  Where the cost file holds the GPU check's ``workers``
     readings for processes, each cell's host time is what they measured
     at the nearest K (builds and messages inside it)."""
-    cost.workers = "processes"
     readings = _process_readings(path, k)
     if readings is not None:
+        cost.workers = "processes"
         cost.fixed = {key: readings for key in cost.fixed}
         return cost
     report = worker_costs_report()
-    for field in ("build_fixed", "build_per_cell", "build_per_own_cell", "command_round_trip"):
-        setattr(cost, field, report[field])
-    cost.message_send, cost.message_receive = report["gloo_header"]["message_send"], report["gloo_header"][
-        "message_receive"]
-    cost.copy_bandwidth = MEMORY_BANDWIDTH.get(name, MEMORY_BANDWIDTH["a100"]) / 2
-    return cost
+    return cost.as_processes({**report, **report["gloo_header"],
+                              "copy_bandwidth": MEMORY_BANDWIDTH.get(name, MEMORY_BANDWIDTH["a100"]) / 2})
 
 
 def _process_readings(path: Optional[str], k: int) -> Optional[float]:

@@ -44,6 +44,7 @@ the engine's schedule, cell for cell.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import json
 import math
@@ -131,8 +132,8 @@ class CostModel:
     # with host_queues: every worker has a host of its own (--hybrid-workers processes) instead of one for all
     host_per_device: bool = False
     # the runtime priced: "threads" (one build of the step, tensors handed over in memory) or "processes"
-    # as built (ProcessCosts: each stage's build, its messages' host time, the trainer's commands, the
-    # gradients' copy to the trainer); the fields below are what fairseq_hybrid.timing.worker_costs measures
+    # as built (each stage's build, its messages' host time, the trainer's commands, the gradients' copy
+    # to the trainer: PROCESS_FIELDS, what fairseq_hybrid.timing.worker_costs measures)
     workers: str = "threads"
     build_fixed: float = 0.0  # a build's seconds: fixed, per cell of the step, per cell of the builder's own
     build_per_cell: float = 0.0
@@ -148,6 +149,25 @@ class CostModel:
         if devices > 1 and self.group_step_overhead is not None:
             return self.group_step_overhead
         return self.step_overhead
+
+    def add_group_overhead(self, seconds: float) -> None:
+        """A group's time outside the cells ``seconds`` longer (or shorter,
+        never below nothing): what a group measured beyond its price."""
+        self.group_step_overhead = max(0.0, self.overhead(2) + seconds)
+
+    def as_processes(self, measured: Dict[str, float]) -> "CostModel":
+        """A copy for a group with a process per device, as that runtime is
+        built, with ``measured``'s :data:`PROCESS_FIELDS`."""
+        out = copy.deepcopy(self)
+        out.workers, out.host_per_device = "processes", True
+        for name in PROCESS_FIELDS:
+            setattr(out, name, float(measured[name]))
+        return out
+
+    def build_seconds(self, cells: int, own: int) -> float:
+        """A build of a step of ``cells`` cells, ``own`` of them the
+        builder's (all of them: the one build threads make)."""
+        return self.build_fixed + self.build_per_cell * cells + self.build_per_own_cell * own
 
     def host_seconds(self, work: Work, phase: str) -> float:
         """The host's part of a cell (its call: op dispatch, the engine)."""
@@ -380,12 +400,11 @@ def build_delays(cells: Sequence[Cell], num_workers: int, cost: CostModel, queue
     spread over every cell's host time, so that a worker's own cells
     already carry their share of it, which is taken off here."""
     count = len(cells)
-    whole = cost.build_fixed + (cost.build_per_cell + cost.build_per_own_cell) * count
+    whole = cost.build_seconds(count, count)
     delays = []
     for worker in range(num_workers):
         own = sum(1 for cell in cells if cell.worker == worker)
-        build = cost.build_fixed + cost.build_per_cell * count + cost.build_per_own_cell * own
-        delays.append(max(0.0, build - (whole * own / count if queued and count else 0.0)))
+        delays.append(max(0.0, cost.build_seconds(count, own) - (whole * own / count if queued and count else 0.0)))
     return delays
 
 
@@ -467,13 +486,14 @@ def step_time(model, plan: DevicePlan, net_input, target, cost: CostModel, chunk
         forward, backward = replay(cells, plan.size, cost, physical_devices, copies=copies or ())
     extra = cost.overhead(plan.size)
     if cost.workers == "processes":
-        extra, parts = _process_extra(model, plan, built.step.cells, cost, extra, cell_seconds=plan.mode == "data")
+        extra, parts = _process_extra(model, plan, built.step.cells, cost, extra,
+                                      queued=cost.host_queues and plan.mode != "data")
         return StepTime(forward, backward, extra, parts)
     return StepTime(forward, backward, extra)
 
 
 def _process_extra(model, plan: DevicePlan, cells: Sequence[Cell], cost: CostModel, overhead: float,
-                   cell_seconds: bool) -> Tuple[float, Dict[str, float]]:
+                   queued: bool) -> Tuple[float, Dict[str, float]]:
     """The time outside a step's passes with a process per device: the
     trainer's two commands, each stage's copy of its gradients for the
     trainer at the end of its backward pass (the attention-softmax's leave
@@ -481,24 +501,22 @@ def _process_extra(model, plan: DevicePlan, cells: Sequence[Cell], cost: CostMod
     cells without the build it no longer makes; with what each costs and
     what the passes hold of it (the largest build, the busiest worker's
     messages) for the reports."""
-    from .owned_bytes import plan_owned_bytes
+    from .owned_bytes import gradient_bytes, plan_owned_bytes
 
-    queued = cost.host_queues and not cell_seconds
-    count = len(cells)
-    whole = cost.build_fixed + (cost.build_per_cell + cost.build_per_own_cell) * count
+    whole = cost.build_seconds(len(cells), len(cells))
     commands = 2 * cost.command_round_trip
     if plan.mode == "data":  # every stage fills the whole model's gradients
-        owned = [4.0 * sum(param.numel() for param in model.parameters())] * plan.size
+        owned = [gradient_bytes(model)] * plan.size
     else:
         owned = plan_owned_bytes(model, plan, attention_softmax=plan.mode != "hybrid")
-    copy = max(owned) / cost.copy_bandwidth if cost.copy_bandwidth else 0.0
+    copied = max(owned) / cost.copy_bandwidth if cost.copy_bandwidth else 0.0
     wire = [0.0] * plan.size
     for phase, (sends, receives) in messages(cells).items():
         for cell, sent, received in zip(cells, sends, receives):
             wire[cell.worker] += cost.message_send * sent + cost.message_receive * received
     parts = {"builds (the longest)": max(build_delays(cells, plan.size, cost, queued), default=0.0),
-             "messages (the busiest host)": max(wire, default=0.0), "commands": commands, "gradient copy": copy}
-    return max(0.0, overhead - (0.0 if queued else whole)) + commands + copy, parts
+             "messages (the busiest host)": max(wire, default=0.0), "commands": commands, "gradient copy": copied}
+    return max(0.0, overhead - (0.0 if queued else whole)) + commands + copied, parts
 
 
 def _copies(built) -> List[ReplicaCopy]:

@@ -26,10 +26,10 @@ import torch
 
 from ..parallel import record_cell_times
 from ..planning.cost_fit import fit, samples_from_trace
-from ..planning.schedule_simulator import PROCESS_FIELDS, CostModel
+from ..planning.schedule_simulator import CostModel
 from .training_steps import train_steps
 
-__all__ = ["cpu_name", "timed_steps", "fitted_cost", "scaled", "cpu_costs", "as_processes", "ring_bandwidth"]
+__all__ = ["cpu_name", "timed_steps", "fitted_cost", "scaled", "cpu_costs", "ring_bandwidth"]
 
 
 def cpu_name() -> str:
@@ -112,16 +112,6 @@ def ring_bandwidth(nbytes: float, ranks: int, seconds: float) -> float:
     return 2 * (ranks - 1) * nbytes / ranks / seconds
 
 
-def as_processes(cost: CostModel, measured: Dict) -> CostModel:
-    """``cost`` for a group with a process per device, as that runtime is
-    built, with what :func:`~.worker_costs.worker_costs` measured."""
-    out = copy.deepcopy(cost)
-    out.workers, out.host_per_device = "processes", True
-    for name in PROCESS_FIELDS:
-        setattr(out, name, float(measured[name]))
-    return out
-
-
 def cpu_costs(calibration: Dict, workers: str = "threads") -> Tuple[callable, CostModel]:
     """The race's costs from a calibration (what ``fairseq-hybrid-plan
     --measure`` measures on CPU devices, ``plan_candidate.run_calibrate``).
@@ -135,17 +125,17 @@ def cpu_costs(calibration: Dict, workers: str = "threads") -> Tuple[callable, Co
     all ranks run, its link gloo's all-reduce.  Returns a function of K
     giving the group's and one device's cost models, and one rank's.
     ``workers="processes"``: the group with a process per device, as
-    built (:func:`as_processes`; the calibration's ``processes``).  Each
+    built (``CostModel.as_processes``; the calibration's ``processes``).  Each
     kind's group adds to its step what a group of it measured beyond its
     price on the calibration's batches (``group_residual``)."""
     engine = CostModel(**calibration["one_thread"])
     group = copy.deepcopy(engine)
     group.slowdown = calibration["slowdown"]
     if workers == "processes":
-        group = as_processes(group, calibration["processes"])
+        group = group.as_processes(calibration["processes"])
     residual = calibration.get("group_residual", {}).get(workers, 0.0)
     if residual:  # what a group measured beyond its price on the calibration's batches (plan_candidate)
-        group.group_step_overhead = max(0.0, group.overhead(2) + residual)
+        group.add_group_overhead(residual)
     one = scaled(engine, calibration["plain_all_threads_seconds"] / calibration["engine_seconds"], outside_cells=True)
     rank = scaled(scaled(engine, calibration["plain_seconds"] / calibration["engine_seconds"], outside_cells=True),
                   calibration["slowdown"])

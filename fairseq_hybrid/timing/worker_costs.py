@@ -23,6 +23,7 @@ as built"):
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import os
 import pickle
@@ -113,7 +114,7 @@ def _wire(kind: str, rank: int, ends):
 
     from ..parallel import GpuWire
 
-    store = dist.TCPStore("127.0.0.1", ends, 2, rank == 0, timeout=__import__("datetime").timedelta(seconds=60))
+    store = dist.TCPStore("127.0.0.1", ends, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
     return GpuWire(rank, 2, store, torch.device("cpu"), 60.0)
 
 
