@@ -28,7 +28,8 @@ from fairseq_hybrid.forecasts.data_parallel_cost import (data_parallel_step, dat
                                                        owned_bytes, speedup)
 from fairseq_hybrid.forecasts.gpu_costs import (GNMT_V100_DDP_4, GNMT_V100_TOKENS_PER_S, STEP_US, best_chunk_length,
                                                predicted_step, set_costs, set_rate)
-from fairseq_hybrid.forecasts.race import best_group, chosen, searched, set_costs_of
+from fairseq_hybrid.candidates.group_search import best_group, chosen, searched
+from fairseq_hybrid.candidates.race import set_costs_of
 from fairseq_hybrid.forecasts.real_batches import as_batch, ddp_on_real_batches, tokens_of
 from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import host_models, integers, race_options, real_batch_lengths, write_report

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The race at a fixed global batch, predicted: the global batch a user
 keeps as GPUs are added, trained on K GPUs every way (one GPU, DDP, one
-group, groups under DDP), through ``fairseq_hybrid.forecasts.race`` (what
+group, groups under DDP), through ``fairseq_hybrid.candidates.race`` (what
 ``fairseq-hybrid-plan`` predicts with), and at scale; drawn as a map of
 the regimes (``fair_race_map.png``).
 
@@ -32,7 +32,9 @@ from fairseq_hybrid.forecasts.data_parallel_cost import (data_parallel_step, dat
 from fairseq_hybrid.forecasts.gpu_costs import (GNMT_V100_TOKENS_PER_S, MLPERF_GNMT_V100, PUBLISHED_SETS, STEP_US,
                                                flat_past_reference, predicted_step, set_costs, set_rate,
                                                set_tokens_per_s)
-from fairseq_hybrid.forecasts.race import best_group, race, set_costs_of, uniform_batch
+from fairseq_hybrid.candidates.group_search import best_group
+from fairseq_hybrid.candidates.race import race, set_costs_of
+from fairseq_hybrid.planning.twin_model import uniform_batch
 from fairseq_hybrid.forecasts.real_batches import as_batch, split_rows
 from fairseq_hybrid.harness import measuring
 from fairseq_hybrid.harness.measuring import host_models, integers, race_options, real_batch_lengths, write_report
@@ -45,7 +47,7 @@ GLOBAL_SETS = PUBLISHED_SETS  # each at its published one-GPU tokens/s (gpu_cost
 
 
 def global_batch_table(args) -> Dict:
-    """The race at a fixed global batch (:func:`fairseq_hybrid.forecasts.race.race`,
+    """The race at a fixed global batch (:func:`fairseq_hybrid.candidates.race.race`,
     the one code path ``fairseq-hybrid-plan`` predicts with): on K GPUs
     (``--global-gpus``) each global batch B of ``--global-batches`` that
     leaves DDP at most 128 sentences per GPU and at least 16 (B/K each,

@@ -13,7 +13,8 @@ import pytest
 from conftest import BIN
 from fairseq_hybrid.commands import plan
 from fairseq_hybrid.forecasts.cost_file import CostFileError, add_engine_cost_model, register
-from fairseq_hybrid.forecasts.race import race, uniform_batch
+from fairseq_hybrid.candidates.race import race
+from fairseq_hybrid.planning.twin_model import uniform_batch
 from fairseq_hybrid.forecasts.workload import twin_of, workload
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 from fairseq_hybrid.timing.cpu_calibration import cpu_costs
@@ -100,30 +101,37 @@ def test_calibrate_says_how_to_use_it():
 
 
 def test_a_gpu_calibration_measured_on_cpu_devices_is_a_cost_file(binarized, tmp_path):
-    """What ``calibrate cuda:0,...`` measures, run on CPU devices (the same
-    code; the figures then say nothing of a GPU): the host rows of a group
-    of 1 and of 2, the LSTM curve at the model's hidden size, one device's
-    tokens/s; written as a GPU cost file, registered as the race's set."""
+    """What ``calibrate cuda:0,...`` measures and writes
+    (:func:`fairseq_hybrid.commands.calibrate.gpu_cost_file`, which the GPU
+    check's CPU smoke run calls too), run on CPU devices (the same code;
+    the figures then say nothing of a GPU): the host rows of a group of 1
+    and of 2, the LSTM curve at the model's hidden size, one device's
+    tokens/s; a GPU cost file, registered as the race's set, with the cost
+    model of a group of its devices."""
+    from fairseq_hybrid.commands.calibrate import gpu_cost_file
     from fairseq_hybrid.forecasts import gpu_costs
-    from fairseq_hybrid.forecasts.cost_file import write
-    from fairseq_hybrid.timing.gpu_calibration import LSTM_BATCHES, run
-    from fairseq_hybrid.timing.plan_candidate import build
+    from fairseq_hybrid.forecasts.cost_file import load
+    from fairseq_hybrid.timing.gpu_calibration import LSTM_BATCHES
 
     train = [str(binarized / "bin"), *TINY]
-    measured = run({"train": measured_command(train, parse_training(train), "calibrate"), "devices": ["cpu", "cpu"],
-                    "batches": 1}, build)
-    rows = measured["host_cost"]["rows"]
+    args = parse_training(train)
+    path = tmp_path / "gpu.json"
+    said = []
+    assert gpu_cost_file(str(path), measured_command(train, args, "calibrate"), args, ["cpu", "cpu"], 1, "a100",
+                         said.append, measured_on="CPU smoke run") == "CPU smoke run"
+    written = load(str(path))
+    rows = written["host_cost"]["rows"]
     assert [(row["k"], row["chunk_length"]) for row in rows] == [(1, 0), (2, 0)]
     assert {"lstm/forward", "lstm/backward", "attention_softmax/forward"} <= set(rows[1]["cell_us"])
-    assert measured["lstm"]["hidden"] == 32 and list(measured["lstm"]["rows"]) == [str(b) for b in LSTM_BATCHES]
-    assert measured["shape"].startswith("hybrid_lstm_tiny, 128 sentences of 50 + 50 tokens")
-    path = tmp_path / "gpu.json"
-    write(str(path), base="a100", tokens_per_s=measured["tokens_per_s"], lstm_seconds=measured["lstm"],
-          host_cost=measured["host_cost"], measured_on="CPU smoke run", shape=measured["shape"])
+    assert written["lstm"]["hidden"] == 32
+    assert [batch for batch, _ in written["lstm"]["seconds_per_step"]["backward"]] == list(LSTM_BATCHES)
+    assert written["one_device_shape"].startswith("hybrid_lstm_tiny, 128 sentences of 50 + 50 tokens")
+    assert written["processes_cost_model"]["workers"] == "processes" and "cost_model" in written
+    assert said[-1].endswith("tokens/s on one GPU")
     registered = register(str(path))
-    assert registered.tokens_per_s == measured["tokens_per_s"] and registered.base == "a100"
+    assert registered.tokens_per_s == written["one_device_tokens_per_s"] and registered.base == "a100"
     curve, reference = gpu_costs.LSTM_CURVES[registered.name]
-    assert reference == 128 and curve["backward"][0] == [16, measured["lstm"]["rows"]["16"]["backward"]]
+    assert reference == 128 and curve["backward"][0] == written["lstm"]["seconds_per_step"]["backward"][0]
     row = rows[1]
     assert gpu_costs.host_fixed(str(path), 2)["lstm/forward"] == pytest.approx(
         (row["cell_us"]["lstm/forward"] + row["outside_cells_us_per_cell"]) * 1e-6, rel=1e-12)

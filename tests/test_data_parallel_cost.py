@@ -316,7 +316,8 @@ def test_replica_copies_free_is_a_ceiling_of_the_links():
     what-if of replicas whose copies cost nothing prices no group slower
     than with its copies, on a link slow enough for the copies to show,
     and leaves one GPU and DDP as they were."""
-    from fairseq_hybrid.forecasts.race import race, set_costs_of, uniform_batch
+    from fairseq_hybrid.candidates.race import race, set_costs_of
+    from fairseq_hybrid.planning.twin_model import uniform_batch
     from fairseq_hybrid.forecasts.gpu_costs import set_tokens_per_s
     from fairseq_hybrid.planning.twin_model import twin_model
 

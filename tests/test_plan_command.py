@@ -15,7 +15,8 @@ import pytest
 from conftest import BIN, REPO
 from fairseq_hybrid.commands import plan
 from fairseq_hybrid.forecasts.gpu_costs import GNMT_A100_TOKENS_PER_S
-from fairseq_hybrid.forecasts.race import race, set_costs_of, uniform_batch
+from fairseq_hybrid.candidates.race import race, set_costs_of
+from fairseq_hybrid.planning.twin_model import uniform_batch
 from fairseq_hybrid.planning.twin_model import twin_model
 
 

@@ -15,12 +15,13 @@ import torch
 from conftest import BIN
 from fairseq_hybrid.commands import plan
 from fairseq_hybrid.command_lines import train_command
-from fairseq_hybrid.forecasts import plan_prices, workload
-from fairseq_hybrid.timing.plan_candidate import padded_tokens
+from fairseq_hybrid.candidates import plan_prices
+from fairseq_hybrid.forecasts import workload
+from fairseq_hybrid.timing.command_model import padded_tokens
 from fairseq_hybrid.timing.training_steps import rows_of, share_of, synchronize
 from fairseq_hybrid.timing.cpu_calibration import cpu_costs, ring_bandwidth, scaled
 from fairseq_hybrid.forecasts.data_parallel_cost import ring_allreduce_seconds
-from fairseq_hybrid.forecasts.race import race
+from fairseq_hybrid.candidates.race import race
 from fairseq_hybrid.planning.schedule_simulator import CostModel
 
 TINY = ["--arch", "hybrid_lstm_tiny", "--max-tokens", "400", "--source-lang", "ja", "--target-lang", "en"]
@@ -175,7 +176,7 @@ BAD = {
 def test_each_gpu_is_measured_once(monkeypatch):
     """A GPU named twice is refused, on a machine with two (as devices_of
     sees it), and an index is taken from the position where none is given."""
-    from fairseq_hybrid.timing.plan_measure import devices_of
+    from fairseq_hybrid.candidates.measure import devices_of
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -8,7 +8,7 @@ measured once on the user's command, written as a cost file that
   fairseq-train data-bin ... --hybrid-devices cpu,cpu --hybrid-placement auto --hybrid-cost-model costs.json
 
 On CPU devices it is what ``--measure`` calibrates before it prices the
-candidates (:func:`fairseq_hybrid.timing.plan_measure.calibrate`: the
+candidates (:func:`fairseq_hybrid.candidates.measure.calibrate`: the
 engine's cells fitted, the model with 1 and K threads, K copies at once,
 gloo's all-reduce), on batches of the command's data.  On GPUs
 (``cuda:0,cuda:1,...``) it measures what the GPU forecasts price with, on
@@ -30,13 +30,13 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from ..candidates.measure import MeasureError, calibrate, devices_of, run
 from ..forecasts.cost_file import add_engine_cost_model, write, write_cpu
 from ..forecasts.gpu_costs import NAMED_SETS
 from ..timing.cpu_calibration import cpu_name
-from ..timing.plan_measure import MeasureError, calibrate, devices_of, run
 from ..command_lines.train_command import OneLineParser, PlanError, measured_command, parse_training, split_command
 
-__all__ = ["main"]
+__all__ = ["main", "gpu_cost_file"]
 
 
 USAGE = "fairseq-hybrid-plan calibrate DEVICES --out FILE [options] -- fairseq-train DATA [your fairseq-train options]"
@@ -72,15 +72,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def calibrate_gpus(train, devices, batches: int, said) -> dict:
-    """The GPU measurements, in a process of their own."""
+def gpu_cost_file(out: str, train, args, devices, batches: int, base: str, said, reference=None,
+                  measured_on: Optional[str] = None) -> str:
+    """The GPU measurements of ``devices`` on the user's command as the
+    candidates run it (``train``; ``args``, the command as fairseq parses
+    it), in a process of its own, written as the
+    cost file ``out`` on the published set ``base``, with the cost model a
+    group of those devices makes its auto choices with; what it was
+    measured on.  ``reference`` and ``measured_on``: the GPU check's CPU
+    smoke run's other batch (its tiny model at the paper's 128 x 50 + 50
+    would take minutes) and name."""
+    import torch
+
     said(f"measuring {len(devices)} GPU(s) on the command's model: one GPU's tokens/s, the host time per cell "
          f"call of a group of 1 and of {len(devices)}, an LSTM layer's time per step by batch")
     started = time.time()
-    measured = run({"kind": "gpu_calibrate", "train": train, "devices": list(devices), "batches": batches},
-                   "the GPU calibration")
+    spec = {"kind": "gpu_calibrate", "train": train, "devices": list(devices), "batches": batches}
+    measured = run(dict(spec, reference=list(reference)) if reference else spec, "the GPU calibration")
     said(f"measured in {time.time() - started:.0f} s: {measured['tokens_per_s']:,.0f} tokens/s on one GPU")
-    return measured
+    measured_on = measured_on or (f"{torch.cuda.get_device_name(devices[0])}, torch {torch.__version__}, "
+                                  f"fairseq-hybrid-plan calibrate, {time.strftime('%Y-%m-%d')}")
+    write(out, base=base, tokens_per_s=measured["tokens_per_s"], lstm_seconds=measured["lstm"],
+          host_cost=measured["host_cost"], measured_on=measured_on, shape=measured["shape"])
+    try:
+        add_engine_cost_model(out, args, len(devices))
+    except ValueError as error:
+        raise MeasureError(f"{out}: the measured costs fit no FLOP rate ({error})") from error
+    return measured_on
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -103,16 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import torch
 
         if gpus:
-            measured = calibrate_gpus(command, devices, own.batches, said)
-            measured_on = (f"{torch.cuda.get_device_name(devices[0])}, torch {torch.__version__}, "
-                           f"fairseq-hybrid-plan calibrate, {time.strftime('%Y-%m-%d')}")
-            write(own.out, base=own.base or "a100", tokens_per_s=measured["tokens_per_s"],
-                  lstm_seconds=measured["lstm"], host_cost=measured["host_cost"], measured_on=measured_on,
-                  shape=measured["shape"])
-            try:
-                add_engine_cost_model(own.out, args, len(devices))
-            except ValueError as error:
-                raise MeasureError(f"{own.out}: the measured costs fit no FLOP rate ({error})") from error
+            measured_on = gpu_cost_file(own.out, command, args, devices, own.batches, own.base or "a100", said)
         else:
             calibration = calibrate(command, devices, own.batches, said)
             measured_on = (f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "

@@ -14,7 +14,7 @@ marks the fastest and prints the command line that runs it::
       fairseq-train data-bin --arch hybrid_lstm_paper --max-tokens 6400 --update-freq 2
   fairseq-hybrid-plan --gpus 8 -- fairseq-train - --arch hybrid_lstm_paper --batch-size 128
 
-The prices are the race's (:func:`fairseq_hybrid.forecasts.race.race`, what
+The prices are the race's (:func:`fairseq_hybrid.candidates.race.race`, what
 ``benchmarks/fair_race.py`` tabulates): one code path.  No two GPUs have
 run this code; every figure is a prediction under the cost set named
 (``--cost-set``; the FLOP rate solved for a published one-GPU tokens/s, or
@@ -32,7 +32,7 @@ simulator's, not each batch's own); without it, ``--sentence-length``.
 
 With ``--measure DEVICES`` it also runs every candidate for a few steps on
 those devices, in alternating rounds, and prints the measured tokens/s
-beside the prediction (:mod:`.plan_measure`); on CPU devices it first
+beside the prediction (:mod:`fairseq_hybrid.candidates.measure`); on CPU devices it first
 calibrates the cost model it prices them with on this machine (and again
 before every later round, each round compared with its own price)::
 
@@ -53,14 +53,13 @@ import sys
 from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..candidates.measure import MeasureError, calibrate, devices_of, measure, measured_lines
+from ..candidates.plan_prices import by_workers, plan, priced_rows
 from ..forecasts.gpu_costs import PUBLISHED_SETS
-from ..forecasts.plan_prices import by_workers, plan, priced_rows
 from ..forecasts.workload import Workload, quietly, workload
 from ..command_lines.owned_options import SET_BY_PLAN
 from ..command_lines.train_command import (GROUP_CRITERION, NO_DATA, SAME_LOSS, USER_DIR, OneLineParser, PlanError,
                              measured_command, parse_training, split_command, with_group_criterion, without)
-from ..timing.plan_measure import (MeasureError, calibrate, devices_of, measure,
-                                   measured_lines)
 
 __all__ = ["PlanError", "Workload", "main", "plan"]
 
@@ -79,7 +78,7 @@ def group_sizes(args, gpus: int) -> List[int]:
 
     from ..fairseq_patches.trainer_checks import check_training_setup
     from ..parallel import DevicePlanError
-    from ..forecasts.race import group_sizes_for, plan_for
+    from ..candidates.race import group_sizes_for, plan_for
 
     if not args.arch.startswith("hybrid_lstm"):
         raise PlanError(f"--arch {args.arch}: a hybrid group trains hybrid_lstm models (hybrid_lstm_base, "
@@ -108,13 +107,13 @@ def round_predictions(result: Dict, load: Workload, own, measured: List[str], pr
     pricing the same choices again, so that a machine whose speed drifts
     over minutes is compared with itself.  A function of the round's index
     giving each candidate's predicted tokens/s."""
+    from ..candidates.ways import from_row
     from ..timing.cpu_calibration import cpu_costs
-    from ..forecasts.race import chosen
 
     choices: Dict[str, Dict[int, Dict]] = {}
-    for row in result["rows"]:
-        if row["group_size"] > 1:
-            choices.setdefault(row.get("workers", "threads"), {})[row["group_size"]] = chosen(row)
+    for way in map(from_row, result["rows"]):
+        if way.choice:  # a group's
+            choices.setdefault(way.workers or "threads", {})[way.group_size] = way.choice
     result["calibrations"] = [result["calibration"]]
 
     def predicted(round_index: int) -> Dict[str, float]:
@@ -131,28 +130,16 @@ def round_predictions(result: Dict, load: Workload, own, measured: List[str], pr
 
 def command_for(row: Dict, train: List[str], args, sentences: int, devices: Optional[Sequence[str]] = None) -> str:
     """The command line that runs ``row`` at the same global batch (on
-    ``devices``; default the first GPUs)."""
+    ``devices``; default the first GPUs): its way's command."""
+    from ..candidates.ways import from_row
+
     rest = with_group_criterion(["DATA" if token == NO_DATA else token for token in without(train, SET_BY_PLAN)])
     rest += ["--user-dir", USER_DIR] if "--user-dir" not in train else []
     per = row["sentences_per_group"]
     batch = (["--batch-size", str(per)] if args.batch_size or not args.max_tokens else
              ["--max-tokens", str(math.ceil(args.max_tokens * (args.update_freq[0] if args.update_freq else 1)
                                             * per / sentences))])
-    if row["group_size"] == 1:
-        world = ["--distributed-world-size", str(row["gpus"])] if row["gpus"] > 1 else []
-        return shlex.join(["fairseq-train", *rest, *batch, *world])
-    group = ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches", str(row["micro_batches"]),
-             "--hybrid-softmax-chunks", str(row.get("softmax_chunks", 1))]
-    if row.get("workers"):
-        group += ["--hybrid-workers", row["workers"]]
-    if row["placement"]:
-        group += ["--hybrid-placement", row["placement"]]
-    if row["groups"] == 1:
-        names = ",".join(devices[:row["group_size"]] if devices else [f"cuda:{i}" for i in range(row["group_size"])])
-        return shlex.join(["fairseq-train", *rest, *batch, "--hybrid-devices", names, *group])
-    kind = ["--device", "cpu"] if devices and devices[0] == "cpu" else []
-    return shlex.join(["fairseq-hybrid-train", "--nproc-per-node", str(row["groups"]), "--devices-per-process",
-                       str(row["group_size"]), *kind, "--", *rest, *batch, *group])
+    return shlex.join(from_row(row).command(rest, batch, devices))
 
 
 def report(result: Dict, train: List[str], args, devices: Optional[Sequence[str]] = None) -> str:

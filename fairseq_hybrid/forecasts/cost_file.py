@@ -171,7 +171,7 @@ def write(path: str, *, base: str, tokens_per_s: float, lstm_seconds: Dict, host
 
 
 def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str, command: str) -> Dict:
-    """Write a CPU calibration (``plan_candidate.run_calibrate``'s) as a
+    """Write a CPU calibration (``timing.calibration_runs.run_calibrate``'s) as a
     cost file; checked by loading it back."""
     data = {
         "what": "a calibration of CPU devices on the command's model and batches (fairseq_hybrid.forecasts.cost_file, "
@@ -201,7 +201,7 @@ def add_engine_cost_model(path: str, args, k: int) -> Dict:
     the workers' cells (``--hybrid-workers threads``, the default).  A
     ``ValueError`` where the measured host time leaves no rate that fits."""
     from .gpu_costs import REFERENCE_BATCH, STEP_US, set_costs, set_rate
-    from .race import uniform_batch
+    from ..planning.twin_model import uniform_batch
     from .workload import twin_of, vocabulary_sizes
 
     measured = register(path)

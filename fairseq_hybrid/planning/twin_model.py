@@ -16,7 +16,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-__all__ = ["VocabularyOfSize", "StandInTask", "build_registered", "twin_model", "batch"]
+__all__ = ["VocabularyOfSize", "StandInTask", "build_registered", "twin_model", "batch", "uniform_batch"]
 
 
 class VocabularyOfSize:
@@ -72,3 +72,8 @@ def batch(sentences: int, source_lengths: Sequence[int], target_length: int,
     for row, length in enumerate(target_lengths or ()):
         tgt[row, length:] = 1
     return {"src_tokens": src, "src_lengths": torch.tensor(list(source_lengths)), "prev_output_tokens": tgt}, tgt
+
+
+def uniform_batch(sentences: int, source: int, target: int) -> Tuple[Dict, torch.Tensor]:
+    """A batch of ``sentences`` sentences of ``source`` + ``target`` tokens."""
+    return batch(sentences, [source] * sentences, target)

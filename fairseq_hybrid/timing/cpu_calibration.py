@@ -114,7 +114,7 @@ def ring_bandwidth(nbytes: float, ranks: int, seconds: float) -> float:
 
 def cpu_costs(calibration: Dict, workers: str = "threads") -> Tuple[callable, CostModel]:
     """The race's costs from a calibration (what ``fairseq-hybrid-plan
-    --measure`` measures on CPU devices, ``plan_candidate.run_calibrate``).
+    --measure`` measures on CPU devices, ``calibration_runs.run_calibrate``).
 
     A group of K is priced with the engine's cells as fitted, each slowed
     by what K devices at once cost.  One device and DDP's ranks run the
@@ -134,7 +134,7 @@ def cpu_costs(calibration: Dict, workers: str = "threads") -> Tuple[callable, Co
     if workers == "processes":
         group = group.as_processes(calibration["processes"])
     residual = calibration.get("group_residual", {}).get(workers, 0.0)
-    if residual:  # what a group measured beyond its price on the calibration's batches (plan_candidate)
+    if residual:  # what a group measured beyond its price on the calibration's batches (calibration_runs)
         group.add_group_overhead(residual)
     one = scaled(engine, calibration["plain_all_threads_seconds"] / calibration["engine_seconds"], outside_cells=True)
     rank = scaled(scaled(engine, calibration["plain_seconds"] / calibration["engine_seconds"], outside_cells=True),

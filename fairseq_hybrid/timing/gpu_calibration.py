@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from typing import Callable, Dict, Sequence
+from typing import Dict, Sequence
 
 import torch
 
@@ -109,12 +109,14 @@ def lstm_seconds_per_step(device: str, hidden: int, batches: Sequence[int] = LST
     return {"hidden": hidden, "steps": steps, "rows": rows}
 
 
-def run(spec: Dict, build: Callable) -> Dict:
+def run(spec: Dict) -> Dict:
     """``spec``: the user's command (``train``), the ``devices``, the timed
     ``batches`` (steps) and, for a smoke run only, another ``reference``
-    batch; ``build``: ``plan_candidate.build``.  Returns the host-cost
+    batch.  Returns the host-cost
     report, the LSTM curve and one device's tokens/s, as
     ``forecasts.cost_file.write`` takes them."""
+    from .command_model import build
+
     devices, steps, reference = spec["devices"], spec["batches"], tuple(spec.get("reference", REFERENCE_BATCH))
     task, cfg, one, criterion = build(spec["train"], devices[:1], with_batches=False)
     sample = reference_sample(task.source_dictionary, task.target_dictionary, *reference)

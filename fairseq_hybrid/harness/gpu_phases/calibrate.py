@@ -16,7 +16,6 @@ def phase_calibrate(args, result):
     import torch
 
     from fairseq_hybrid.forecasts import cost_file
-    from fairseq_hybrid.timing import gpu_calibration
 
     cuda = args.device == "cuda"
     count = torch.cuda.device_count() if cuda else 0
@@ -33,15 +32,13 @@ def phase_calibrate(args, result):
         if code != 0:
             result.update(ok=False, error=log[-3000:])
             return
-    else:
-        from fairseq_hybrid.command_lines.train_command import with_group_criterion
-        from fairseq_hybrid.timing.plan_candidate import build
+    else:  # the command's own calibration of GPUs, on two CPU devices at a tiny batch
+        from fairseq_hybrid.command_lines.train_command import measured_command, parse_training
+        from fairseq_hybrid.commands.calibrate import gpu_cost_file
 
-        measured = gpu_calibration.run({"train": with_group_criterion(train), "devices": ["cpu", "cpu"],
-                                        "batches": args.steps, "reference": (8, 6, 6)}, build)
-        cost_file.write(path, base=COST_BASE, tokens_per_s=measured["tokens_per_s"], lstm_seconds=measured["lstm"],
-                        host_cost=measured["host_cost"], measured_on="CPU smoke run of benchmarks/gpu_check.py",
-                        shape=measured["shape"])
+        args_of = parse_training(train)
+        gpu_cost_file(path, measured_command(train, args_of, "calibrate"), args_of, ["cpu", "cpu"], args.steps,
+                      COST_BASE, print, reference=(8, 6, 6), measured_on="CPU smoke run of benchmarks/gpu_check.py")
     written = cost_file.load(path)
     result.update(cost_file=path, measured_on=written["measured_on"],
                   one_device_tokens_per_s=written["one_device_tokens_per_s"],

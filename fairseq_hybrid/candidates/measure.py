@@ -3,10 +3,10 @@ priced, run for a few steps on the devices at hand and timed beside its
 prediction: the truth on the user's own machine, GPUs included, where no
 one else can measure.
 
-Each (round, candidate) runs in a fresh process
-(:mod:`fairseq_hybrid.timing.plan_candidate`), the candidates one after
-another and the rounds alternating, so that a machine whose speed drifts
-slows all of them alike; a candidate's figure is the median of its
+Each (round, candidate) runs in a fresh process (:mod:`.run_one`; each
+way's run is its own, :mod:`.ways`), the candidates one after another and
+the rounds alternating, so that a machine whose speed drifts slows all of
+them alike; a candidate's figure is the median of its
 rounds.  All of them train the user's model on the same batches (the
 ones the plan read its shape from), at the user's global batch: DDP's
 ranks and the groups under DDP each take their share of every batch's
@@ -83,7 +83,7 @@ def free_port() -> int:
 
 
 def runner_command(spec: Dict) -> List[str]:
-    return [sys.executable, "-m", "fairseq_hybrid.timing.plan_candidate", json.dumps(spec)]
+    return [sys.executable, "-m", "fairseq_hybrid.candidates.run_one", json.dumps(spec)]
 
 
 def run(spec: Dict, what: str) -> Dict:
@@ -116,19 +116,10 @@ def calibrate(train: List[str], devices: Sequence[str], batches: int, progress: 
 
 def spec_for(row: Dict, train: List[str], devices: Sequence[str], batches: int) -> Dict:
     """How to run a row of the plan on ``devices`` with the command
-    ``train``."""
-    from ..forecasts.race import chosen
+    ``train`` (the row's way says it)."""
+    from .ways import from_row
 
-    cpu = devices[0] == "cpu"
-    spec = {"train": train, "batches": batches, "warmup": WARMUP,
-            "group": dict(chosen(row), workers=row.get("workers", "auto")) if row["group_size"] > 1 else None}
-    if row["group_size"] == 1 and row["groups"] == 1:
-        # one device; on CPU devices with every core (the other way to use them)
-        return dict(spec, kind="one", devices=list(devices[:1]), threads=len(devices) if cpu else 1)
-    if row["groups"] == 1:
-        return dict(spec, kind="group", devices=list(devices[:row["group_size"]]), threads=row["group_size"])
-    return dict(spec, kind="ranks", devices=list(devices[:row["gpus"]]), ranks=row["groups"],
-                threads=row["group_size"])
+    return from_row(row).spec(train, devices, batches, WARMUP)
 
 
 def measure(result: Dict, train: List[str], devices: Sequence[str], rounds: int, batches: int,

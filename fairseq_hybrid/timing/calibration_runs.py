@@ -1,165 +1,27 @@
-"""One candidate of ``fairseq-hybrid-plan --measure``, timed in a process
-of its own (the benchmark suite's way: a fresh process per run, so one
-run's threads, allocator and caches do not carry into the next)::
-
-    python -m fairseq_hybrid.timing.plan_candidate '{"kind": "group", ...}'
-
-prints ``RESULT {...}``: the seconds and the padded tokens (sentences
-times source plus target width, as the plan counts them) of the timed
-steps.  Every candidate trains the model of the user's fairseq-train
-command on the same batches: the first ``batches`` that fairseq's sampler
-draws for that command (seed 1), the batches the plan reads its shape
-from, after ``warmup`` untimed steps on the first of them, with Adam.
-
-Kinds:
-
-* ``one``: the model on one device, ``threads`` intra-op threads (on CPU
-  devices all of them: the other way to use the cores).
-* ``group``: one hybrid group of the devices, with the chunk length,
-  micro-batches and placement the plan chose for it.
-* ``ranks``: ``ranks`` processes (gloo on CPU, NCCL on CUDA), each training
-  its share of every batch's sentences, so that the global batch stays the
-  user's: plain DDP where a rank has one device (PyTorch's
-  DistributedDataParallel, fairseq's default), groups under DDP where it
-  has several (the gradients all-reduced after the backward pass, as
-  fairseq's ``legacy_ddp`` does for groups).
-* ``calibrate`` (CPU devices): the cost model the plan prices CPU devices
-  with, measured here (:mod:`fairseq_hybrid.timing.cpu_calibration`) on
-  other batches (seed 2) than the ones timed.
-* ``gpu_calibrate``: a GPU cost file's measurements
-  (:mod:`fairseq_hybrid.timing.gpu_calibration`).
-"""
+"""The calibrations ``fairseq-hybrid-plan`` runs, each in a process of
+its own (:mod:`fairseq_hybrid.candidates.run_one`): CPU devices' cost model
+(``calibrate``, what ``--measure`` and ``calibrate cpu,...`` price with)
+and a GPU cost file's measurements (``gpu_calibrate``)."""
 
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import statistics
 import sys
 import threading
 import time
-from typing import Dict, List, Sequence
+from typing import Dict
 
 import torch
 
 from ..forecasts.data_parallel_cost import BUCKET_BYTES, gradient_bytes
-from . import ddp_rank
-from ..command_lines.train_command import command_batches
-from .training_steps import share_of, spawned, train_steps
+from .command_model import build, drawn, timed
+from .training_steps import spawned, train_steps
 
-__all__ = ["build", "padded_tokens", "main"]
+__all__ = ["run_calibrate", "run_gpu_calibrate", "CALIBRATIONS"]
 
 REPEATS = 2  # passes of each whole-step timing in the calibration
-
-
-def build(train: List[str], devices: Sequence[str], group: Dict = None, with_batches: bool = True):
-    """Task (its train split loaded ``with_batches``), model (seed 1) and
-    criterion of the user's command on ``devices``: one device, or a hybrid
-    group with ``group``'s choices."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    from .. import models  # noqa: F401  (registers hybrid_lstm)
-
-    args = list(train)
-    if all(device == "cpu" for device in devices):
-        args.append("--cpu")
-    if len(devices) > 1 or group:
-        group = group or {}
-        args += ["--hybrid-devices", ",".join(devices),
-                 "--hybrid-chunk-length", str(group.get("chunk_length", 0)),
-                 "--hybrid-micro-batches", str(group.get("micro_batches", 1)),
-                 "--hybrid-softmax-chunks", str(group.get("softmax_chunks", 1))]
-        if group.get("placement"):
-            args += ["--hybrid-placement", group["placement"]]
-        if group.get("workers"):
-            args += ["--hybrid-workers", group["workers"]]
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), args))
-    task = tasks.setup_task(cfg.task)
-    if with_batches:
-        task.load_dataset(cfg.dataset.train_subset)
-    torch.manual_seed(1)
-    model = task.build_model(cfg.model)
-    if len(devices) == 1 and not group and devices[0] != "cpu":
-        model = model.to(devices[0])
-    return task, cfg, model, task.build_criterion(cfg.criterion)
-
-
-def drawn(task, cfg, count: int, seed: int = 1):
-    return command_batches(task, cfg.dataset.max_tokens, cfg.dataset.batch_size, count, seed,
-                           cfg.dataset.train_subset)
-
-
-def padded_tokens(samples: Sequence[Dict]) -> int:
-    """Sentences times source plus target width, summed: the plan's count."""
-    return sum(s["target"].size(0) * (s["net_input"]["src_tokens"].size(1) + s["target"].size(1)) for s in samples)
-
-
-def timed(model, criterion, optimizer, samples, warmup: int, device: str) -> float:
-    train_steps(model, criterion, optimizer, samples[:warmup], device)
-    return train_steps(model, criterion, optimizer, samples, device)[1]
-
-
-def run_in_process(spec: Dict) -> Dict:
-    """``one`` or ``group``: one device, or one group of the devices."""
-    torch.set_num_threads(spec["threads"])
-    group = spec["group"] if spec["kind"] == "group" else None
-    task, cfg, model, criterion = build(spec["train"], spec["devices"] if group else spec["devices"][:1], group)
-    samples = drawn(task, cfg, spec["batches"])
-    device = spec["devices"][0]  # fairseq's trainer puts a batch on the first GPU; a group takes it from there
-    seconds = timed(model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3), samples, spec["warmup"], device)
-    return {"seconds": seconds, "tokens": padded_tokens(samples), "steps": len(samples)}
-
-
-class ReducedBeforeStep:
-    """An optimizer that sums the gradients over the ranks before its step,
-    a flat buffer per device (fairseq's ``legacy_ddp``: after the whole
-    backward pass, in one go)."""
-
-    def __init__(self, optimizer, parameters):
-        self.optimizer, self.parameters = optimizer, list(parameters)
-
-    def step(self):
-        import torch.distributed as dist
-
-        by_device: Dict[torch.device, List[torch.Tensor]] = {}
-        for parameter in self.parameters:
-            if parameter.grad is not None:
-                by_device.setdefault(parameter.grad.device, []).append(parameter.grad)
-        for grads in by_device.values():
-            flat = torch._utils._flatten_dense_tensors(grads)
-            dist.all_reduce(flat)
-            for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                grad.copy_(reduced)
-        self.optimizer.step()
-
-
-def rank_process(rank: int, spec: Dict, results) -> None:
-    """One rank of a ``ranks`` candidate."""
-    ranks = spec["ranks"]
-    per = len(spec["devices"]) // ranks
-    mine = spec["devices"][rank * per:(rank + 1) * per]
-    cuda = mine[0].startswith("cuda")
-    torch.set_num_threads(spec["threads"])
-    if cuda:
-        torch.cuda.set_device(torch.device(mine[0]))
-    ddp_rank.join(rank, ranks, spec["port"], "nccl" if cuda else "gloo")
-    task, cfg, model, criterion = build(spec["train"], mine, spec["group"] if per > 1 else None)
-    pad = task.target_dictionary.pad()
-    samples = [share_of(sample, rank, ranks, pad) for sample in drawn(task, cfg, spec["batches"])]
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    if per == 1:
-        loss = ddp_rank.ddp_loss(model, criterion, [mine[0]] if cuda else None)
-    else:
-        loss, optimizer = criterion, ReducedBeforeStep(optimizer, model.parameters())
-    _, seconds = ddp_rank.timed_steps(model, loss, optimizer, samples[:spec["warmup"]], samples, mine[0])
-    results.put((rank, seconds, padded_tokens(samples)))
-
-
-def run_ranks(spec: Dict) -> Dict:
-    rows = spawned(rank_process, (spec,), spec["ranks"])
-    return {"seconds": max(row[1] for row in rows), "tokens": sum(row[2] for row in rows), "steps": spec["batches"]}
 
 
 def reduce_process(rank: int, ranks: int, nbytes: int, port: int, results) -> None:
@@ -298,21 +160,7 @@ def group_residuals(spec: Dict, calibration: Dict, samples) -> Dict[str, float]:
 def run_gpu_calibrate(spec: Dict) -> Dict:
     from .gpu_calibration import run
 
-    return run(spec, build)
+    return run(spec)
 
 
-RUNS = {"one": run_in_process, "group": run_in_process, "ranks": run_ranks, "calibrate": run_calibrate,
-        "gpu_calibrate": run_gpu_calibrate}
-
-
-def main(argv=None) -> int:
-    import logging
-
-    logging.disable(logging.WARNING)
-    spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
-    print("RESULT " + json.dumps(RUNS[spec["kind"]](spec)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+CALIBRATIONS = {"calibrate": run_calibrate, "gpu_calibrate": run_gpu_calibrate}

@@ -9,7 +9,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from ..command_lines.train_command import PlanError
-from .workload import Workload, workload
+from ..forecasts.workload import Workload, workload
 
 WORKERS = ("threads", "processes")
 
@@ -17,8 +17,9 @@ WORKERS = ("threads", "processes")
 def costs_for(own, workload: Workload, host_model: str = "per-device"):
     """The cost set's function of K (:func:`race.set_costs_of`), the
     groups' host read as ``host_model``."""
-    from .gpu_costs import REFERENCE_BATCH, set_tokens_per_s
-    from .race import set_costs_of, uniform_batch
+    from ..forecasts.gpu_costs import REFERENCE_BATCH, set_tokens_per_s
+    from ..planning.twin_model import uniform_batch
+    from .race import set_costs_of
 
     tokens_per_s = set_tokens_per_s(own.cost_set, own.one_device_tokens_per_s or own.file_tokens_per_s)
     reference = uniform_batch(*REFERENCE_BATCH)  # the shape the one-GPU rates were measured at
@@ -30,15 +31,15 @@ def costs_for(own, workload: Workload, host_model: str = "per-device"):
 
 
 def priced_rows(load: Workload, own, costs, rank_cost, progress=lambda text: None,
-                choices: Optional[Dict[int, Dict]] = None) -> Tuple[List[Dict], str]:
+                choices: Optional[Dict[int, Dict]] = None, workers: Optional[str] = None) -> Tuple[List[Dict], str]:
     """The race's rows for ``load`` under ``costs`` (``choices``: the
-    groups' choices priced as given, :func:`race.race`), each with its
-    tokens/s, and the fastest's name."""
+    groups' choices priced as given, :func:`race.race`; ``workers``: the
+    groups'), each with its tokens/s, and the fastest's name."""
     from .race import fastest, race
 
     rows = race(load.model, load.cfg, costs, own.gpus, load.sentences, load.source, load.target,
                 own.micro_batches, None, group_sizes=own.group_sizes, progress=progress, rank_cost=rank_cost,
-                choices=choices)
+                choices=choices, workers=workers)
     tokens = load.sentences * (load.source + load.target)
     ddp = rows[1] if len(rows) > 1 else None
     table = []
@@ -62,18 +63,17 @@ def by_workers(load: Workload, own, progress, costs_of, choices: Optional[Dict[s
         progress(f"groups with {workers}")
         costs, rank_cost = costs_of(workers)
         tables[workers], _ = priced_rows(load, own, costs, rank_cost, progress,
-                                         choices=(choices or {}).get(workers))
-    table = [row for row in tables["threads"] if row["group_size"] == 1]
+                                         choices=(choices or {}).get(workers), workers=workers)
+    table = [row for row in tables["threads"] if "workers" not in row]  # one device and DDP: the same either way
     for threads, processes in zip(tables["threads"], tables["processes"]):
-        if threads["group_size"] > 1:
-            for row, workers in ((threads, "threads"), (processes, "processes")):
-                table.append(dict(row, name=f"{row['name']}, {workers}", workers=workers))
+        if "workers" in threads:
+            table += [threads, processes]
     return table, min(table, key=lambda row: row["step_ms"])["name"]
 
 
 def gpu_costs_of(own, load: Workload):
     """:func:`by_workers`'s ``costs_of`` for a GPU cost set."""
-    from .gpu_costs import HOST_MODEL_OF_WORKERS
+    from ..forecasts.gpu_costs import HOST_MODEL_OF_WORKERS
 
     return lambda workers: (costs_for(own, load, HOST_MODEL_OF_WORKERS[workers]), None)
 
