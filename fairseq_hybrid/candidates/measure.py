@@ -26,6 +26,7 @@ cost set's or cost file's.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -87,8 +88,8 @@ def runner_command(spec: Dict) -> List[str]:
 
 
 def run(spec: Dict, what: str) -> Dict:
-    """One run in a fresh process; its RESULT."""
-    spec = dict(spec, port=free_port())
+    """One run in a fresh process, which ends with this one; its RESULT."""
+    spec = dict(spec, port=free_port(), parent=os.getpid())
     try:
         done = subprocess.run(runner_command(spec), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired as timeout:

@@ -15,6 +15,8 @@ with Adam; DDP's ranks and groups under DDP each train their share of
 every batch's sentences, so that the global batch stays the user's.  A
 calibration (:data:`fairseq_hybrid.timing.calibration_runs.CALIBRATIONS`:
 ``calibrate`` for CPU devices, ``gpu_calibrate``) gives what it measured.
+The run ends with the process that started it (``parent``), however that
+one ends (a plan stopped by SIGTERM or kill -9 leaves no run behind).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ def main(argv=None) -> int:
 
     logging.disable(logging.WARNING)
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    if "parent" in spec:
+        from ..parallel import watch_parent
+
+        watch_parent(spec["parent"])
     print("RESULT " + json.dumps(RUNS[spec["kind"]](spec)), flush=True)
     return 0
 

@@ -11,6 +11,7 @@ own process never tell the ways apart by a row's shape.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
 
@@ -18,6 +19,7 @@ import torch
 
 from ..forecasts.data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes
 from ..forecasts.gpu_costs import predicted_step
+from ..parallel import watch_parent
 from ..planning.chunk_choice import SOFTMAX_CHUNK_COUNTS
 from ..planning.schedule_simulator import CostModel, StepTime
 from ..planning.twin_model import uniform_batch
@@ -186,7 +188,9 @@ class ReducedBeforeStep:
 
 def rank_process(rank: int, spec: Dict, results) -> None:
     """One rank of DDP or of groups under DDP, each training its share of
-    every batch's sentences (gloo on CPU, NCCL on CUDA)."""
+    every batch's sentences (gloo on CPU, NCCL on CUDA); it ends with the
+    process that started the ranks, however that one ends."""
+    watch_parent(spec["parent"])
     ranks = spec["ranks"]
     per = len(spec["devices"]) // ranks
     mine = spec["devices"][rank * per:(rank + 1) * per]
@@ -209,7 +213,7 @@ def rank_process(rank: int, spec: Dict, results) -> None:
 
 def in_ranks(spec: Dict) -> Dict:
     """``spec['ranks']`` processes, the slowest rank's seconds."""
-    rows = spawned(rank_process, (spec,), spec["ranks"])
+    rows = spawned(rank_process, (dict(spec, parent=os.getpid()),), spec["ranks"])
     return {"seconds": max(row[1] for row in rows), "tokens": sum(row[2] for row in rows), "steps": spec["batches"]}
 
 
