@@ -259,6 +259,7 @@ class HybridGroup:
                         ", ".join(f"{seconds * 1e3:.2f} ms with {kind}" for kind, seconds in prices.items()))
             self.prices = None
         if self.runtime is None:
+            leave_cores_to_devices(self.plan)
             self.runtime = (StageProcesses(self.model, self.plan, self.timeout, build_step, draw_single_device_masks)
                             if self.workers == "processes" else
                             WorkerThreads(self.model, self.plan, self.timeout, self.replicas))
@@ -269,6 +270,25 @@ class HybridGroup:
     def stages(self) -> Optional[StageProcesses]:
         """The stage processes (``--hybrid-workers processes``, once started)."""
         return self.runtime if isinstance(self.runtime, StageProcesses) else None
+
+
+def leave_cores_to_devices(plan: DevicePlan) -> None:
+    """On CPU devices each device's worker computes on one core (one
+    intra-op thread), so the trainer's thread, which runs the loss, the
+    optimizer and fairseq's step between the passes, takes the cores left,
+    at least one: at the machine's count its intra-op threads would run
+    (and, idle, spin) on the devices' cores (docs/processes.md, "The
+    trainer's threads").  Never raised; GPU groups keep theirs."""
+    import torch
+
+    if any(device.type != "cpu" for device in plan.devices):
+        return
+    threads = torch.get_num_threads()
+    left = max(1, threads - plan.size)
+    if left < threads:
+        torch.set_num_threads(left)
+        logger.info("hybrid group on %d CPU devices: the trainer's intra-op threads %d -> %d (a core a device)",
+                    plan.size, threads, left)
 
 
 def log_device_usage(usage: DeviceUsage) -> None:

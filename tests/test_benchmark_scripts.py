@@ -289,3 +289,19 @@ def test_profile_workers_smoke(tmp_path):
     builds = json.load(open(tmp_path / "profile.json"))["builds"]
     assert [row["k"] for row in builds] == [2]  # 2 layers: a group of 4 has no place
     assert len(builds[0]["workers_ms"]) == 2 and builds[0]["goal_share"] == pytest.approx(0.6)
+
+
+@pytest.mark.slow
+@pytest.mark.benchmark
+def test_bench_trainer_threads_smoke(binarized, tmp_path):
+    """Both kinds of workers, the trainer kept at every core and as the
+    group leaves it, in alternating rounds, written as JSON and a table."""
+    out = tmp_path / "threads"
+    run(sys.executable, os.path.join(BENCHMARKS, "bench_trainer_threads.py"), binarized / "bin", "--host-bound",
+        "--max-tokens", "200", "--batches", "2", "--rounds", "2", "--out", out, timeout=600)
+    report = json.load(open(f"{out}.json"))
+    assert [row["workers"] for row in report["rows"]] == ["threads", "processes"]
+    for row in report["rows"]:
+        assert len(row["kept_tokens_per_s"]) == len(row["left_tokens_per_s"]) == 2
+        assert row["ratio"] == max(row["left_tokens_per_s"]) / max(row["kept_tokens_per_s"])
+    assert "| processes |" in open(f"{out}.md").read()
