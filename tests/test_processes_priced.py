@@ -92,43 +92,6 @@ def test_each_cost_of_processes_adds_what_it_says(queued):
         assert built.extra == pytest.approx(base.extra - whole, rel=1e-9)
 
 
-def test_a_message_latency_holds_up_each_reader_on_another_worker():
-    """Each input read from another worker's cell arrives ``message_latency``
-    after its producer finishes, forward and backward; a reader on the
-    producer's worker waits nothing more, and threads pay none of it."""
-    from fairseq_hybrid.parallel import Cell, Work
-    from fairseq_hybrid.planning.schedule_simulator import replay
-
-    work = Work("lstm", 0, (1, 1, 0))  # no arithmetic: its fixed seconds alone
-    chain = [Cell("a", 0, [], None, work), Cell("b", 1, [(0, 0)], None, work), Cell("c", 1, [(1, 0)], None, work)]
-    cost = CostModel(fixed={"lstm/forward": 1e-3, "lstm/backward": 2e-3}, workers="processes")
-    assert replay(chain, 2, cost) == pytest.approx((3e-3, 6e-3))
-    cost.message_latency = 5e-4
-    assert replay(chain, 2, cost) == pytest.approx((3.5e-3, 6.5e-3))  # one crossing each way: a to b
-    cost.workers = "threads"
-    assert replay(chain, 2, cost) == pytest.approx((3e-3, 6e-3))
-    fitted = CostModel(fixed=dict(FIXED), host_per_device=True).as_processes(
-        {name: 0.0 for name in ("build_fixed", "build_per_cell", "build_per_own_cell", "message_send",
-                                "message_receive", "command_round_trip", "copy_bandwidth")})
-    assert fitted.message_latency == 0.0  # a calibration before the fit: none
-    without = tiny_step(fitted)[0].total
-    fitted.message_latency = 1e-4
-    assert tiny_step(fitted)[0].total > without
-
-
-def test_the_latency_is_fitted_to_what_a_group_measured():
-    """The calibration reads what a group of processes measured beyond its
-    price as a message latency: the one at which the step is priced at what
-    it measured (a made-up price of 10 ms plus 7 messages on its path),
-    none where the group is faster than its price, at most the bound."""
-    from fairseq_hybrid.timing.calibration_runs import fitted_latency
-
-    price = lambda latency: 0.010 + 7 * latency  # noqa: E731
-    assert fitted_latency(price, 0.0121) == pytest.approx(3e-4, rel=1e-4)
-    assert fitted_latency(price, 0.009) == 0.0
-    assert fitted_latency(price, 1.0) == 0.01
-
-
 def test_the_gpu_forecast_prices_processes_as_measured(tmp_path):
     """Under a GPU set, a process per device takes the measured file's
     costs (the gloo header at each end of a message), or, where a cost file

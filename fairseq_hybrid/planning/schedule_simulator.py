@@ -140,9 +140,6 @@ class CostModel:
     build_per_own_cell: float = 0.0
     message_send: float = 0.0  # host seconds of a message between stages at its sender and its receiver
     message_receive: float = 0.0
-    # seconds from a message's send to its reader's start beyond both hosts' time (a stage blocked on its
-    # wire woken up, a core to run on): fitted to a group of processes' measured step (calibration_runs)
-    message_latency: float = 0.0
     command_round_trip: float = 0.0  # the trainer's command to its stages and their replies, twice a step
     copy_bandwidth: float = 0.0  # bytes/s of a stage's copy of its gradients for the trainer (0: free)
     note: str = ""
@@ -165,7 +162,6 @@ class CostModel:
         out.workers, out.host_per_device = "processes", True
         for name in PROCESS_FIELDS:
             setattr(out, name, float(measured[name]))
-        out.message_latency = float(measured.get("message_latency", 0.0))  # fitted where a group was timed
         return out
 
     def build_seconds(self, cells: int, own: int) -> float:
@@ -292,9 +288,9 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
     parameter copies (before their first cell) and gradient copies (after
     their last cell's backward), each on the link of its master's device.
     With ``cost.workers == "processes"`` each worker starts its forward
-    pass after its own build (:func:`build_delays`), every message
+    pass after its own build (:func:`build_delays`) and every message
     between workers costs its sender's and its receiver's host
-    (:func:`messages`) and its reader waits ``cost.message_latency`` more."""
+    (:func:`messages`)."""
     same_device = list(same_device) if same_device is not None else list(range(num_workers))
     seconds = cell_seconds or (lambda cell, phase: cost.seconds(cell.work, phase))
     factor = cost.slowdown if num_workers > 1 else 1.0
@@ -326,7 +322,6 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
     producers = [sorted({producer for producer, _ in cell.inputs}) for cell in cells]
     queued = cost.host_queues and cell_seconds is None
     processes = cost.workers == "processes"
-    latency = cost.message_latency if processes else 0.0
     counted = messages(cells) if processes else {}
     wire = {phase: [cost.message_send * sent + cost.message_receive * received
                     for sent, received in zip(*counted[phase])] if processes else [0.0] * len(cells)
@@ -350,7 +345,7 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
             cell = cells[i]
             ready = start[i] if host_done is None else max(start[i], host_done[i])
             for j in after[i]:
-                ready = max(ready, finish[j] + (cost.transfer(cell.work) + latency if crosses(cells[j], cell) else 0.0))
+                ready = max(ready, finish[j] + (cost.transfer(cell.work) if crosses(cells[j], cell) else 0.0))
             work = factor * (cost.device_seconds(cell.work, phase) if queued else seconds(cell, phase))
             finish[i] = max(ready, free[cell.worker]) + work + (0.0 if queued else wire[phase][i])
             free[cell.worker] = finish[i]

@@ -19,7 +19,7 @@ from ..forecasts.data_parallel_cost import BUCKET_BYTES, gradient_bytes
 from .command_model import build, drawn, timed
 from .training_steps import spawned, train_steps
 
-__all__ = ["run_calibrate", "run_gpu_calibrate", "fitted_latency", "CALIBRATIONS"]
+__all__ = ["run_calibrate", "run_gpu_calibrate", "CALIBRATIONS"]
 
 REPEATS = 2  # passes of each whole-step timing in the calibration
 
@@ -121,13 +121,7 @@ def group_residuals(spec: Dict, calibration: Dict, samples) -> Dict[str, float]:
     on one interpreter, three processes on the cores, messages and
     commands in a busy step); the prices add it to the group's step.  A
     message's send is priced at what the group's stages took a send in
-    these steps (their wires' own timers), not the idle pair's.  For
-    processes, what the group measured beyond its price is first read as a
-    message's latency (``message_latency``: the wait of a reader for a
-    stage's message, beyond both hosts' time, fitted so that the group is
-    priced at what it measured), since a placement with more messages
-    between the stages than the group's pays more of it; any rest (a
-    group faster than its price without any) stays a residual."""
+    these steps (their wires' own timers), not the idle pair's."""
     from ..parallel import DevicePlanError
     from ..planning.schedule_simulator import step_time
     from .cpu_calibration import cpu_costs
@@ -157,32 +151,10 @@ def group_residuals(spec: Dict, calibration: Dict, samples) -> Dict[str, float]:
             if group.stages is not None:
                 group.stages.close()
         cost = cpu_costs(calibration, workers)[0](group.plan.size)[0]
-
-        def priced(latency: float) -> float:
-            cost.message_latency = latency
-            return statistics.mean(step_time(model, group.plan, sample["net_input"], sample["target"], cost).total
-                                   for sample in samples)
-
-        if workers == "processes":
-            calibration["processes"]["message_latency"] = cost.message_latency = fitted_latency(priced, measured)
-        residuals[workers] = measured - priced(cost.message_latency)
+        priced = statistics.mean(step_time(model, group.plan, sample["net_input"], sample["target"], cost).total
+                                 for sample in samples)
+        residuals[workers] = measured - priced
     return residuals
-
-
-def fitted_latency(priced, measured: float, most: float = 0.01, rounds: int = 20) -> float:
-    """The message latency at which ``priced(latency)`` (a step's price,
-    growing with it) comes to ``measured``, by bisection between nothing and
-    ``most`` seconds; nothing where the step is priced at or above what it
-    measured without any."""
-    low, high = 0.0, most
-    if priced(low) >= measured:
-        return 0.0
-    if priced(high) <= measured:
-        return high
-    for _ in range(rounds):
-        middle = (low + high) / 2
-        low, high = (middle, high) if priced(middle) < measured else (low, middle)
-    return (low + high) / 2
 
 
 def run_gpu_calibrate(spec: Dict) -> Dict:
