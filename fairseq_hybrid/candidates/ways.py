@@ -107,14 +107,9 @@ class Candidate:
     def spec(self, train: List[str], devices: Sequence[str], batches: int, warmup: int) -> Dict:
         """How a process of its own runs it on ``devices`` with the user's
         command ``train``: ``batches`` timed steps after ``warmup``."""
-        cpu = devices[0] == "cpu"
         group = dict(self.choice, workers=self.workers or "auto") if self.group_size > 1 else None
         return {"kind": self.kind, "train": train, "batches": batches, "warmup": warmup, "group": group,
-                "devices": list(devices[:self.gpus]), "threads": self.threads(cpu)}
-
-    def threads(self, cpu: bool) -> int:
-        """Intra-op threads a process of it runs with."""
-        return self.group_size
+                "devices": list(devices[:self.gpus]), "threads": self.group_size}  # a process's intra-op threads
 
     @staticmethod
     def run(spec: Dict) -> Dict:
