@@ -26,7 +26,8 @@ import sys
 import threading
 import time
 
-from fairseq_hybrid.harness.measuring import NO_DATA, System, batches, build, suite_systems, train_steps, write_report
+from fairseq_hybrid.harness.measuring import (NO_DATA, System, batches, build, ending_with_this_process, suite_systems,
+                                              train_steps, write_report)
 from fairseq_hybrid.timing import ddp_rank
 from fairseq_hybrid.timing.training_steps import share_of, spawned
 
@@ -262,7 +263,7 @@ def main(argv=None):
                        "--devices", str(args.devices), "--max-tokens", str(args.max_tokens),
                        "--batches", str(args.batches), "--port", str(args.port), "--model=" + args.model] + \
                 (["--global-batch"] if args.global_batch else [])
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = subprocess.run(command, capture_output=True, text=True, preexec_fn=ending_with_this_process())
             line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
             if done.returncode != 0 or not line:
                 sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
@@ -299,7 +300,8 @@ def main(argv=None):
         simulator = os.path.join(os.path.dirname(os.path.abspath(__file__)), "simulate_schedule.py")
         subprocess.run([sys.executable, simulator, args.data, "--max-tokens", str(args.max_tokens),
                         "--batches", str(args.batches), "--measured", os.path.join(args.out, "bench.json"),
-                        "--json", os.path.join(args.out, "simulation.json")], check=True)
+                        "--json", os.path.join(args.out, "simulation.json")], check=True,
+                       preexec_fn=ending_with_this_process())
     print(f"\nwritten: {args.out}/bench.json, bench.md, bench.png" + (", simulation.json" if simulated else ""))
     return 0
 

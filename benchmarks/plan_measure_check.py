@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from fairseq_hybrid.harness.measuring import NO_DATA, write_report
+from fairseq_hybrid.harness.measuring import NO_DATA, ending_with_this_process, write_report
 from fairseq_hybrid.timing.cpu_calibration import cpu_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,7 +46,7 @@ def run_suite(args, names, out):
                str(args.rounds), "--systems", ";".join(names), "--no-simulation", "--global-batch", "--out", out,
                "--port", str(args.port)] + (["--host-bound"] if args.host_bound else [])
     rounds = {name: [] for name in names}
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as suite:
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=ending_with_this_process()) as suite:
         for line in suite.stdout:
             print(line, end="", flush=True)
             match = re.match(r"round \d+: (.+?)\s+([\d,]+) target tokens/s", line)
@@ -64,7 +64,7 @@ def run_plan(args, out):
                "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1", "--max-tokens",
                str(args.max_tokens), "--source-lang", "ja", "--target-lang", "en"] + (HOST_BOUND if args.host_bound
                                                                                      else [])
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, preexec_fn=ending_with_this_process())
     print(done.stdout, flush=True)
     if done.returncode:
         raise SystemExit(f"fairseq-hybrid-plan failed (exit status {done.returncode})")

@@ -305,3 +305,46 @@ def test_bench_trainer_threads_smoke(binarized, tmp_path):
         assert len(row["kept_tokens_per_s"]) == len(row["left_tokens_per_s"]) == 2
         assert row["ratio"] == max(row["left_tokens_per_s"]) / max(row["kept_tokens_per_s"])
     assert "| processes |" in open(f"{out}.md").read()
+
+
+def test_the_suite_leaves_no_system_running_when_it_is_stopped(binarized, tmp_path):
+    """bench_suite.py stopped by SIGTERM while a system runs in its own
+    process (a quiet one: it writes only at its end) leaves no system
+    running: the system ends with the suite (the parent-death signal its
+    start set, harness.measuring.ending_with_this_process)."""
+    import signal
+
+    suite = subprocess.Popen([sys.executable, os.path.join(BENCHMARKS, "bench_suite.py"), binarized / "bin",
+                              "--batches", "250", "--rounds", "1", "--max-tokens", "200", "--systems",
+                              "hybrid_lstm_base, 1 device", "--out", tmp_path / "bench"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    systems = []
+    try:
+        deadline = time.time() + 60
+        while not systems and time.time() < deadline:
+            systems = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and alive(int(pid))
+                       and child_of(int(pid), suite.pid)]
+            time.sleep(0.2)
+        assert systems, "no system of the suite seen"
+        time.sleep(2.0)
+        assert all(alive(pid) for pid in systems)
+        suite.send_signal(signal.SIGTERM)
+        suite.wait(timeout=30)
+        deadline = time.time() + 10
+        while any(alive(pid) for pid in systems) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in systems if alive(pid)], "a system outlived the suite"
+    finally:
+        if suite.poll() is None:
+            suite.kill()
+        for pid in systems:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def child_of(pid: int, parent: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return int(file.read().rsplit(")", 1)[1].split()[1]) == parent
+    except (FileNotFoundError, ProcessLookupError):
+        return False

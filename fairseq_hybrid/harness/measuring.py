@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -232,6 +232,24 @@ def suite_systems(k: int) -> List[System]:
 
 
 # -- reports -------------------------------------------------------------------------
+
+
+def ending_with_this_process() -> Callable[[], None]:
+    """``subprocess``'s ``preexec_fn`` for a measuring script's child that
+    ends with the script, however the script ends: Linux's parent-death
+    signal (SIGTERM, kept across the child's exec), and an end at once
+    where the script is gone before it is set."""
+    import ctypes
+    import signal
+
+    parent = os.getpid()
+
+    def set_up() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return set_up
 
 
 def write_report(report: Dict, json_path: Optional[str], markdown: Optional[str] = None) -> None:
