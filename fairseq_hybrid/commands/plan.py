@@ -32,9 +32,10 @@ simulator's, not each batch's own); without it, ``--sentence-length``.
 
 With ``--measure DEVICES`` it also runs every candidate for a few steps on
 those devices, in alternating rounds, and prints the measured tokens/s
-beside the prediction (:mod:`fairseq_hybrid.candidates.measure`); on CPU devices it first
-calibrates the cost model it prices them with on this machine (and again
-before every later round, each round compared with its own price)::
+beside the prediction (:mod:`fairseq_hybrid.candidates.measure`); on CPU
+devices it first calibrates the cost model it prices them with on this
+machine (and again before every later round, each round compared with
+its own price)::
 
   fairseq-hybrid-plan --measure cpu,cpu -- fairseq-train data-bin --arch hybrid_lstm_base --max-tokens 2000
 
