@@ -44,6 +44,52 @@ def alive(pid: int) -> bool:
         return False
 
 
+def children(pid: int) -> dict:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                parent = int(file.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline") as file:
+                command = file.read().replace("\0", " ")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if parent == pid and alive(int(entry)):
+            found[int(entry)] = command
+    return found
+
+
+def assert_children_end_with(process, how, matching=lambda command: True, running=2.0, what="a child"):
+    """Wait for ``process``'s children whose command line ``matching``
+    takes, let them run ``running`` seconds, send ``how`` to ``process``,
+    and assert that each of them ends within 10 s (any left is killed)."""
+    import signal
+    import time
+
+    seen = {}
+    try:
+        deadline = time.time() + 60
+        while not seen and time.time() < deadline and process.poll() is None:
+            seen = {pid: command for pid, command in children(process.pid).items() if matching(command)}
+            time.sleep(0.2)
+        assert seen, f"no {what} seen"
+        time.sleep(running)
+        assert all(alive(pid) for pid in seen)
+        process.send_signal(how)
+        process.wait(timeout=30)
+        deadline = time.time() + 10
+        while any(alive(pid) for pid in seen) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in seen if alive(pid)], f"{what} outlived its parent: {seen}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def run(*args, **kwargs):
     """Run a command line; fail the test with its output's tail if it fails."""
     result = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)

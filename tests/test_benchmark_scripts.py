@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO, alive, run
+from conftest import REPO, alive, assert_children_end_with, run
 
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 
@@ -318,33 +318,4 @@ def test_the_suite_leaves_no_system_running_when_it_is_stopped(binarized, tmp_pa
                               "--batches", "250", "--rounds", "1", "--max-tokens", "200", "--systems",
                               "hybrid_lstm_base, 1 device", "--out", tmp_path / "bench"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    systems = []
-    try:
-        deadline = time.time() + 60
-        while not systems and time.time() < deadline:
-            systems = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and alive(int(pid))
-                       and child_of(int(pid), suite.pid)]
-            time.sleep(0.2)
-        assert systems, "no system of the suite seen"
-        time.sleep(2.0)
-        assert all(alive(pid) for pid in systems)
-        suite.send_signal(signal.SIGTERM)
-        suite.wait(timeout=30)
-        deadline = time.time() + 10
-        while any(alive(pid) for pid in systems) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in systems if alive(pid)], "a system outlived the suite"
-    finally:
-        if suite.poll() is None:
-            suite.kill()
-        for pid in systems:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-
-
-def child_of(pid: int, parent: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return int(file.read().rsplit(")", 1)[1].split()[1]) == parent
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    assert_children_end_with(suite, signal.SIGTERM, what="a system of the suite")

@@ -10,12 +10,11 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from conftest import BIN, alive
+from conftest import BIN, assert_children_end_with
 from fairseq_hybrid.commands import plan
 from fairseq_hybrid.command_lines import train_command
 from fairseq_hybrid.candidates import plan_prices
@@ -241,23 +240,6 @@ def test_a_timed_step_waits_for_every_gpu_it_names(monkeypatch):
     assert waited == [torch.device("cuda", 1), torch.device("cuda", 0)]
 
 
-def children(pid: int):
-    """The processes whose parent is ``pid``, with their command lines."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as file:
-                    parent = int(file.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline") as file:
-                    command = file.read().replace("\0", " ")
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if parent == pid:
-                found[int(entry)] = command
-    return found
-
-
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "kill -9"])
 def test_a_measuring_run_ends_with_the_plan(how, binarized):
     """The plan stopped by SIGTERM or kill -9 while a run of its own is in
@@ -271,25 +253,5 @@ def test_a_measuring_run_ends_with_the_plan(how, binarized):
     plan_process = subprocess.Popen([sys.executable, "-c", "import json, sys; from fairseq_hybrid.candidates.measure "
                                      "import run; run(json.loads(sys.argv[1]), 'a quiet run')", json.dumps(spec)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    runs = {}
-    try:
-        deadline = time.time() + 60
-        while not runs and time.time() < deadline and plan_process.poll() is None:
-            runs = {pid: command for pid, command in children(plan_process.pid).items()
-                    if "fairseq_hybrid.candidates.run_one" in command}
-            time.sleep(0.2)
-        assert runs, "no run of the plan's seen"
-        time.sleep(3.0)  # the run under way
-        assert all(alive(pid) for pid in runs)
-        plan_process.send_signal(how)
-        plan_process.wait(timeout=30)
-        deadline = time.time() + 10
-        while any(alive(pid) for pid in runs) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in runs if alive(pid)], f"the plan's run outlived it: {runs}"
-    finally:
-        if plan_process.poll() is None:
-            plan_process.kill()
-        for pid in runs:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    assert_children_end_with(plan_process, how, lambda command: "fairseq_hybrid.candidates.run_one" in command,
+                             running=3.0, what="a run of the plan's")
