@@ -37,3 +37,22 @@ def test_lengths_that_are_not_sorted_or_do_not_fit_are_refused():
     for lengths, width in (([2, 3], 3), ([4], 3), ([2, 0], 3), ([], 3)):
         with pytest.raises(ValueError, match="lengths must be non-increasing"):
             sorted_layout(torch.tensor(lengths, dtype=torch.long), width)
+
+
+def test_chunk_values_are_the_chunk_lengths_of_checked_lengths():
+    """Staging makes every time chunk's lengths from the lengths checked
+    once (``sorted_values``): the same as ``chunk_lengths`` of the tensor,
+    and the same layout."""
+    from fairseq_hybrid.kernels.sorted_packing import chunk_lengths, chunk_values, sorted_values, values_layout
+
+    lengths = torch.tensor([9, 9, 7, 4, 4, 2, 1])
+    values = sorted_values(lengths, 9)
+    assert values == (9, 9, 7, 4, 4, 2, 1)
+    for start in range(10):
+        for width in range(1, 10):
+            chunk = chunk_values(values, start, width)
+            assert chunk == tuple(chunk_lengths(lengths, start, width).tolist())
+            if chunk:
+                mine, reference = values_layout(chunk, width), sorted_layout(torch.tensor(chunk), width)
+                assert all(torch.equal(a, b) for a, b in zip(mine, reference))
+    assert chunk_values(values, 2, 3) == (3, 3, 3, 2, 2)

@@ -37,9 +37,23 @@ def test_a_worker_builds_its_own_cells_only(mode, count, micro_batches, dictiona
             from fairseq_hybrid.parallel.recipe.staging import stage_step
 
             staged = stage_step(model, plan, sample["net_input"], sample["target"], 2, micro_batches, only=worker)
-            for batch in staged.micro_batches:
+            every = stage_step(model, plan, sample["net_input"], sample["target"], 2, micro_batches)
+            padded = 0
+            for batch, full in zip(staged.micro_batches, every.micro_batches):
                 for shard_worker, targets in zip(batch.shard_workers, batch.targets):
                     assert (targets is not None) == (shard_worker == worker)
+                # the source right-padded for the first encoder layer's worker only; each shard's
+                # padding mask, made from its own rows, equal to the whole batch's rows
+                assert (batch.sorted_source is not None) == (worker == plan.encoder[0])
+                for mask, whole_mask, shard_worker in zip(batch.padding_masks, full.padding_masks,
+                                                          batch.shard_workers):
+                    assert (mask is None) == (shard_worker != worker)
+                    if mask is not None:
+                        assert mask.equal(whole_mask)
+                        padded += int(mask.sum())
+                assert batch.chunk_tokens == full.chunk_tokens
+            if any(worker in batch.shard_workers for batch in staged.micro_batches):
+                assert padded > 0  # the masks compared hold padding
 
 
 def test_a_stage_in_a_process_builds_its_own_cells_only(dictionaries, monkeypatch):

@@ -15,6 +15,7 @@ of torch's functions, bit for bit.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from functools import lru_cache
 from typing import NamedTuple, Optional, Tuple
 
@@ -40,10 +41,33 @@ def sorted_layout(lengths: Tensor, width: int) -> Tuple[Tensor, Tensor]:
     ``B x width`` batch-first tensor flattened to ``B * width`` rows, and the
     ``batch_sizes`` of the PackedSequence; both host int64 tensors, shared
     by every caller with the same lengths (never written to)."""
-    values = tuple(int(n) for n in lengths.tolist())
+    return _layout(sorted_values(lengths, width), width)
+
+
+def sorted_values(lengths: Tensor, width: int) -> Tuple[int, ...]:
+    """Host ``lengths`` as a tuple, checked non-increasing and in
+    1..``width``: what :func:`values_layout` and :func:`chunk_values` take."""
+    values = tuple(map(int, lengths.tolist()))
     if not values or values[-1] < 1 or values[0] > width or any(a < b for a, b in zip(values, values[1:])):
         raise ValueError(f"lengths must be non-increasing, in 1..{width}: {values}")
+    return values
+
+
+def values_layout(values: Tuple[int, ...], width: int) -> Tuple[Tensor, Tensor]:
+    """:func:`sorted_layout` of lengths checked already
+    (:func:`sorted_values`, or a chunk of them): a step's staging makes one
+    per time chunk, so it checks the lengths once."""
     return _layout(values, width)
+
+
+def chunk_values(values: Tuple[int, ...], start: int, width: int) -> Tuple[int, ...]:
+    """:func:`chunk_lengths` of checked lengths, in plain ints: the time
+    steps each still-running row has in the chunk of ``width`` steps from
+    ``start`` (checked lengths in turn, when not empty)."""
+    rising = values[::-1]  # the values being non-increasing, the rows that run through the whole chunk, and
+    full = len(values) - bisect_left(rising, start + width)  # those that run in it, are prefixes
+    running = len(values) - bisect_right(rising, start)
+    return (width,) * full + tuple(n - start for n in values[full:running])
 
 
 class PackedLayout(NamedTuple):

@@ -151,12 +151,15 @@ def _add_encoder(step: StepBuilder, batch: StagedBatch):
                     return encoder.run_chunk(layer, x, sorted_lengths, start, state, layout)
 
                 state_refs = [] if previous is None else [step.ref(previous, "h"), step.ref(previous, "c")]
-                work = Work("lstm", batch.chunk_tokens[c], (module.input_size, module.hidden_size,
-                                                            chunk.stop - chunk.start))
-                mask = pick(lambda m, layer=layer, chunk=chunk: m.encoder[layer][order][:, chunk],
-                            plan.encoder_device(layer))
-                previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs,
-                                    with_masks(mask, run_chunk), work, ("out", "h", "c"))
+                run = work = None
+                if step.builds(worker):  # another worker's cells are listed, not made
+                    work = Work("lstm", batch.chunk_tokens[c], (module.input_size, module.hidden_size,
+                                                                chunk.stop - chunk.start))
+                    mask = pick(lambda m, layer=layer, chunk=chunk: m.encoder[layer][order][:, chunk],
+                                plan.encoder_device(layer))
+                    run = with_masks(mask, run_chunk)
+                previous = step.add(f"encoder layer {layer} chunk {c}", worker, below[c] + state_refs, run, work,
+                                    ("out", "h", "c"))
                 chunk_cells.append(previous)
             below = [[step.ref(cell, "out")] for cell in chunk_cells]
             final_states.append(([step.ref(previous, "h")], [step.ref(previous, "c")]))
@@ -203,6 +206,7 @@ def _add_decoder(step: StepBuilder, batch: StagedBatch, final_states) -> List[in
     top_layer = len(decoder.layers) - 1
     for layer in range(len(decoder.layers)):
         worker = plan.decoder[layer]
+        mine, module = step.builds(worker), decoder.layers[layer]
         outputs = ["h", "c", *shard_names(len(shards))] if layer == top_layer else ["h", "c", "out"]
         previous = None
         chunk_cells = []
@@ -228,13 +232,15 @@ def _add_decoder(step: StepBuilder, batch: StagedBatch, final_states) -> List[in
                     return (h, c, *(out[rows] for rows in shards))
                 return h, c, out
 
-            module = decoder.layers[layer]
-            steps = target_chunks[c].stop - target_chunks[c].start
-            work = Work("lstm", rows_in_batch * steps, (module.input_size, module.hidden_size, steps))
-            mask = batch.pick(lambda m, layer=layer, chunk=target_chunks[c]: m.decoder[layer][:, chunk],
-                              plan.decoder_device(layer))
-            previous = step.add(f"decoder layer {layer} chunk {c}", worker, [below[c]] + state_refs,
-                                with_masks(mask, run_chunk), work, outputs)
+            run = work = None
+            if mine:  # another worker's cells are listed, not made
+                steps = target_chunks[c].stop - target_chunks[c].start
+                work = Work("lstm", rows_in_batch * steps, (module.input_size, module.hidden_size, steps))
+                mask = batch.pick(lambda m, layer=layer, chunk=target_chunks[c]: m.decoder[layer][:, chunk],
+                                  plan.decoder_device(layer))
+                run = with_masks(mask, run_chunk)
+            previous = step.add(f"decoder layer {layer} chunk {c}", worker, [below[c]] + state_refs, run, work,
+                                outputs)
             chunk_cells.append(previous)
         if layer != top_layer:
             below = [step.ref(cell, "out") for cell in chunk_cells]
@@ -259,8 +265,10 @@ def _add_attention_softmax(step: StepBuilder, batch: StagedBatch, shard_loss, en
     master_worker = plan.decoder[0]
     outputs = []
     replica_cells: Dict[int, List[int]] = {}
+    sizes = (decoder.hidden_size, encoder.output_size, *reversed(part.output_weight.shape), batch.source_width)
     for k, (rows, worker, shard) in enumerate(zip(batch.shards, batch.shard_workers, shard_names(len(batch.shards)))):
         device = plan.devices[worker]
+        mine = step.builds(worker)  # another worker's cells are listed, not made
         for g, (group, span) in enumerate(zip(batch.softmax_groups, batch.softmax_spans)):
             def run_shard(*args, worker=worker, k=k, g=g, device=device):
                 states, encoder_states = join(args[:-1], chunked=True), args[-1]  # the group's chunks joined
@@ -271,13 +279,13 @@ def _add_attention_softmax(step: StepBuilder, batch: StagedBatch, shard_loss, en
                                          batch.kept[k][g], shard_loss, sinks[worker])
 
             inputs = [step.ref(decoder_chunks[c], shard) for c in group] + [step.ref(encoder_shards, shard)]
-            work = Work("attention_softmax", (rows.stop - rows.start) * (span.stop - span.start),
-                        (decoder.hidden_size, encoder.output_size, part.output_weight.size(1),
-                         part.output_weight.size(0), batch.source_width))
-            mask = batch.pick(lambda m, rows=rows, span=span: m.features[rows, span], device)
             chunks = f"chunk {group[0]}" if len(group) == 1 else f"chunks {group[0]}-{group[-1]}"
-            outputs.append(step.add(f"attention-softmax {shard} {chunks}", worker, inputs,
-                                    with_masks(mask, run_shard), work))
+            run = work = None
+            if mine:
+                work = Work("attention_softmax", (rows.stop - rows.start) * (span.stop - span.start), sizes)
+                run = with_masks(batch.pick(lambda m, rows=rows, span=span: m.features[rows, span], device),
+                                 run_shard)
+            outputs.append(step.add(f"attention-softmax {shard} {chunks}", worker, inputs, run, work))
             replica_cells.setdefault(worker, []).append(outputs[-1])
     master_cells = {master_worker: replica_cells.pop(master_worker)} if master_worker in replica_cells else {}
     return outputs, replica_uses(replicas, replica_cells, master_worker), replica_uses(replicas, master_cells,

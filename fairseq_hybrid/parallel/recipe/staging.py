@@ -11,13 +11,13 @@ staging never waits for a device, which on GPUs would stall every worker.
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ...kernels.fused_output_loss import KeptTargets, kept_targets
-from ...kernels.sorted_packing import PackedLayout, chunk_lengths, sorted_layout
+from ...kernels.sorted_packing import PackedLayout, chunk_values, sorted_values, values_layout
 from .batch_rows import MicroBatch, micro_batches_of, step_rows, softmax_groups, time_chunks
 from .device_plan import DevicePlan
 from ..runtime.host_batch import host_of, on_host
@@ -90,15 +90,15 @@ def _kept_on(target: Tensor, pad: int, device: torch.device) -> KeptTargets:
     return KeptTargets(*(arrive(t, device) for t in kept_targets(target, pad)))
 
 
-def _packed_layouts(lengths: Tensor, width: int, rows: int, devices) -> Dict[torch.device, Optional[PackedLayout]]:
-    """The packed layout of the running rows of host ``lengths`` (sorted
-    longest first) among ``rows`` on each of ``devices``; None on each
-    where no row runs."""
-    if not len(lengths):
+def _packed_layouts(values: Tuple[int, ...], width: int, rows: int, devices) -> Dict[torch.device, Optional[PackedLayout]]:
+    """The packed layout of the running rows of checked ``values`` (lengths
+    sorted longest first, :func:`.sorted_values`) among ``rows`` on each of
+    ``devices``; None on each where no row runs."""
+    if not values:
         return {device: None for device in devices}
-    positions, batch_sizes = sorted_layout(lengths, width)
-    full = len(lengths) == rows and int(lengths[-1]) == width
-    return {device: PackedLayout(on_device, batch_sizes, len(lengths), full)
+    positions, batch_sizes = values_layout(values, width)
+    full = len(values) == rows and values[-1] == width
+    return {device: PackedLayout(on_device, batch_sizes, len(values), full)
             for device, on_device in to_devices(positions, devices).items()}
 
 
@@ -115,20 +115,19 @@ class StagedBatch:
         self.index, self.name = part.index, part.name
         encoder = model.encoder.stack
         devices = plan.devices
-        src_tokens = encoder.right_padded(net_input["src_tokens"])  # host tensors, all of them
+        src_tokens = net_input["src_tokens"]  # host tensors, all of them
         src_lengths = net_input["src_lengths"]
         self.order = torch.sort(src_lengths, descending=True, stable=True).indices
         self.restore = torch.argsort(self.order)
         self.sorted_lengths = src_lengths[self.order]
         self.source_width = src_tokens.size(1)
-        self.source_tokens = int(self.sorted_lengths.sum())
         self.rows = src_tokens.size(0)
+        # the lengths once as checked ints, from which every time chunk's are made
+        values = sorted_values(self.sorted_lengths, self.source_width)
+        self.source_tokens = sum(values)
         self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
-        # the source tokens each time chunk runs over (for the cost models), once for every layer
-        starts = torch.tensor([chunk.start for chunk in self.source_chunks])
-        widths = torch.tensor([chunk.stop - chunk.start for chunk in self.source_chunks])
-        self.chunk_tokens = torch.minimum((self.sorted_lengths[None, :] - starts[:, None]).clamp(min=0),
-                                          widths[:, None]).sum(1).tolist()
+        chunk_rows = [chunk_values(values, chunk.start, chunk.stop - chunk.start) for chunk in self.source_chunks]
+        self.chunk_tokens = [sum(chunk) for chunk in chunk_rows]  # for the cost models, once for every layer
         self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
         # the target chunks each attention-softmax cell takes, and the time steps they span
         self.softmax_groups = softmax_groups(len(self.target_chunks), softmax_chunks)
@@ -139,9 +138,11 @@ class StagedBatch:
         self.shard_devices = [devices[worker] for worker in self.shard_workers]
         self.masks = masks
 
-        # The batch on the devices of the cells that read it.
-        self.sorted_source = arrive(src_tokens.index_select(0, self.order), plan.encoder_device(0)) \
-            if reads(only, {plan.encoder[0]}) else None
+        # The batch on the devices of the cells that read it; the source right-padded only where
+        # a worker reads it (the whole batch, or each of its shards).
+        padded = encoder.right_padded(src_tokens) if reads(only, {plan.encoder[0]}) else None
+        self.sorted_source = arrive(padded.index_select(0, self.order), plan.encoder_device(0)) \
+            if padded is not None else None
         self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
         self.restore_on = to_devices(self.restore, devices)
         # The packed layout of the encoder's rows, whole (the directions of a
@@ -151,12 +152,11 @@ class StagedBatch:
         runs = encoder_workers(model, plan)
         self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
                                              devices) if reads(only, runs.reverse) else {}
-        self.packed_layouts = _packed_layouts(self.sorted_lengths, self.source_width, self.rows, devices) \
+        self.packed_layouts = _packed_layouts(values, self.source_width, self.rows, devices) \
             if reads(only, runs.directions) else {}
-        self.chunk_layouts = [_packed_layouts(chunk_lengths(self.sorted_lengths, chunk.start, chunk.stop - chunk.start),
-                                             chunk.stop - chunk.start, self.rows, devices)
-                              if reads(only, runs.chunks) else _Absent() for chunk in self.source_chunks]
-        padding_mask = src_tokens.eq(encoder.padding_idx)
+        self.chunk_layouts = [_packed_layouts(chunk, source.stop - source.start, self.rows, devices)
+                              if reads(only, runs.chunks) else _Absent()
+                              for chunk, source in zip(chunk_rows, self.source_chunks)]
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
         for rows, worker, device in zip(self.shards, self.shard_workers, self.shard_devices):
@@ -165,7 +165,8 @@ class StagedBatch:
                 self.targets.append(None)
                 self.kept.append(None)
                 continue
-            self.padding_masks.append(arrive(padding_mask[rows], device))
+            shard_source = padded[rows] if padded is not None else encoder.right_padded(src_tokens[rows])
+            self.padding_masks.append(arrive(shard_source.eq(encoder.padding_idx), device))
             pieces = [target[rows, span] for span in self.softmax_spans]
             self.targets.append([arrive(piece, device) for piece in pieces])
             self.kept.append([_kept_on(piece, pad, device) for piece in pieces])

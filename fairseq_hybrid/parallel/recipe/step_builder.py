@@ -30,8 +30,8 @@ def shard_names(count: int) -> List[str]:
 class StepBuilder:
     """Collects the cells of one step; ``add`` returns the new cell's index
     and ``ref`` names one of its outputs for the cells that read it.
-    ``only``: the one worker whose cells can run (the others' are kept
-    without their ``run``); None: every worker's."""
+    ``only``: the one worker whose cells can run (the others' are listed
+    without their ``run`` and ``work``); None: every worker's."""
 
     def __init__(self, model, plan: DevicePlan, replicas: ModelReplicas, only: Optional[int] = None):
         self.model = model
@@ -45,8 +45,9 @@ class StepBuilder:
 
     def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
             work: Optional[Work] = None, outputs: Optional[Sequence[str]] = None) -> int:
-        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run if self.builds(worker) else None, work,
-                               tuple(outputs) if outputs else None, self.not_before))
+        mine = self.only is None or worker == self.only
+        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run if mine else None,
+                               work if mine else None, tuple(outputs) if outputs else None, self.not_before))
         return len(self.cells) - 1
 
     def builds(self, worker: int) -> bool:
@@ -54,9 +55,10 @@ class StepBuilder:
 
     def ref(self, cell: int, output: str) -> Ref:
         names = self.cells[cell].outputs
-        if not names or output not in names:
-            raise KeyError(f"cell {self.cells[cell].name!r} has no output {output!r} (it has {names})")
-        return cell, names.index(output)
+        try:
+            return cell, names.index(output)
+        except (AttributeError, ValueError):  # no names, or not this one
+            raise KeyError(f"cell {self.cells[cell].name!r} has no output {output!r} (it has {names})") from None
 
 
 def join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:
