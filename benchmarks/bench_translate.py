@@ -5,8 +5,10 @@ in batches) and at ``--buffer-size 1`` (each line alone), and fairseq's
 own ``fairseq-interactive`` at ``--buffer-size 64`` (what a user runs
 without this package; given only the non-blank lines, as it cannot keep
 blank lines in place).  Each is timed as a whole command, model loading
-included, in alternating rounds; the table gives each one's median and
-its ratio to fairseq-interactive.
+included, in alternating rounds (each under a keeper that ends the
+translator with this script, harness.child_groups: some 25 ms of
+Python's start, the same for every command); the table gives each one's
+median and its ratio to fairseq-interactive.
 
     .venv/bin/python benchmarks/bench_translate.py --run work/tatoeba_ja_en/hybrid_lstm_base \\
         --input work/tatoeba_ja_en/raw/test.ja --lines 2000 --rounds 2
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import List
 
+from fairseq_hybrid.harness.child_groups import run_in_group
 from fairseq_hybrid.harness.measuring import write_report
 from fairseq_hybrid.timing.cpu_calibration import cpu_name
 
@@ -94,8 +97,9 @@ def main(argv=None) -> int:
             name = command.name
             with tempfile.TemporaryFile() as out:
                 start = time.monotonic()
-                result = subprocess.run(command.argv, input=data if command.line_for_line else nonblank, stdout=out,
-                                        stderr=subprocess.PIPE)
+                # the translator the recipe's bash starts ends with this script, however it ends
+                result = run_in_group(command.argv, input=data if command.line_for_line else nonblank, stdout=out,
+                                      stderr=subprocess.PIPE)
                 elapsed = time.monotonic() - start
                 out.seek(0)
                 produced = out.read()

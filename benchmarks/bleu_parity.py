@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 
+from fairseq_hybrid.harness.child_groups import group_of_its_own, run_in_group
 from fairseq_hybrid.harness.measuring import write_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +62,8 @@ def run_one(work, side, seed, devices, group_args, log):
                *recipe_options, "--", "--seed", str(seed), *train_options]
     print(f"[{time.strftime('%H:%M:%S')}] {side} seed {seed}: {' '.join(command)}", flush=True)
     start = time.time()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+    # the recipe's fairseq-train and translator end with this script, however it ends
+    with group_of_its_own(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
         for line in process.stdout:
             log.write(line)
             if "| valid |" in line or "train_inner" in line and re.search(r"num_updates=\d*[05]00,", line):
@@ -160,8 +162,10 @@ def main():
 
     if not args.report_only:
         if not os.path.exists(os.path.join(args.work_dir, "bin", ".done")):
-            subprocess.run(["bash", RECIPE, "--work-dir", args.work_dir, "--steps", "download,prepare,spm,binarize"],
-                           check=True)
+            done = run_in_group(["bash", RECIPE, "--work-dir", args.work_dir, "--steps",
+                                 "download,prepare,spm,binarize"])
+            if done.returncode != 0:
+                raise SystemExit(f"error: preparing the data failed (exit {done.returncode})")
         os.makedirs(os.path.join(args.work_dir, "parity"), exist_ok=True)
         with open(os.path.join(args.work_dir, "parity", "study.log"), "a") as log:
             for seed in seeds:  # seed by seed, so that a stopped study still has pairs

@@ -15,11 +15,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+from fairseq_hybrid.harness.child_groups import group_of_its_own
 
 LOADED = time.time()
 
@@ -48,15 +49,6 @@ def process_started():
         return LOADED
 
 
-def end_process_group(pgid):
-    """Kill every process left in group ``pgid`` (a phase's child and what
-    it started); nothing happens where none is left."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def run_phase(name, args, limit):
     """``name`` in a child process, leader of a process group of its own,
     under a hard limit of ``limit`` seconds; its result dict (partial where
@@ -70,16 +62,11 @@ def run_phase(name, args, limit):
                "--work", args.work, "--steps", str(args.steps), "--batch", str(args.batch), "--groups", args.groups,
                "--updates", str(args.updates), "--precisions", args.precisions, "--limit", str(limit)]
     start = time.time()
-    with open(log_path, "w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path, "w") as log, group_of_its_own(command, stdout=log, stderr=subprocess.STDOUT) as child:
         try:
             code = child.wait(timeout=limit + 10)
         except subprocess.TimeoutExpired:
-            end_process_group(child.pid)
-            child.wait()
-            code = "killed"
-        finally:
-            end_process_group(child.pid)
+            code = "killed"  # the group is ended as the block ends
     result = json.load(open(out)) if os.path.exists(out) else {"ok": False}
     if code != 0:
         result["ok"] = False

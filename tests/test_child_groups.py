@@ -1,0 +1,67 @@
+"""A measuring script's child that starts children of its own (a recipe's
+bash and its fairseq-train) ends with everything it started, however the
+script ends (harness.child_groups): bleu_parity.py, bench_translate.py and
+the GPU check run their recipes and phases that way."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import alive, children
+from fairseq_hybrid.harness.child_groups import run_in_group
+
+# a script whose child (bash) starts two grandchildren and waits for them
+SCRIPT = """
+from fairseq_hybrid.harness.child_groups import group_of_its_own
+with group_of_its_own(["bash", "-c", "sleep 300 & sleep 300 & wait"]) as process:
+    process.wait()
+"""
+
+
+def descendants(pid: int) -> dict:
+    found = {}
+    for child, command in children(pid).items():
+        found[child] = command
+        found.update(descendants(child))
+    return found
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_what_the_child_started_ends_with_the_script(how):
+    script = subprocess.Popen([sys.executable, "-c", SCRIPT])
+    seen = {}
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            seen = descendants(script.pid)
+            if sum("sleep 300" == command.strip() for command in seen.values()) == 2:
+                break
+            time.sleep(0.1)
+        commands = sorted(command.split()[0].rsplit("/", 1)[-1] for command in seen.values())
+        assert commands == ["bash", "python", "sleep", "sleep"], seen  # python: the keeper
+        script.send_signal(how)
+        script.wait(timeout=30)
+        deadline = time.time() + 10
+        while any(alive(pid) for pid in seen) and time.time() < deadline:
+            time.sleep(0.1)
+        assert [command for pid, command in seen.items() if alive(pid)] == []
+    finally:
+        if script.poll() is None:
+            script.kill()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_run_in_group_gives_the_status_and_output_and_ends_the_group_on_a_timeout():
+    done = run_in_group(["bash", "-c", "cat; exit 3"], input=b"line\n", stdout=subprocess.PIPE)
+    assert (done.returncode, done.stdout) == (3, b"line\n")
+    start = time.time()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_in_group(["bash", "-c", "sleep 300 & echo $! > /dev/stderr; wait"], stderr=subprocess.DEVNULL, timeout=1)
+    assert time.time() - start < 10
+    assert not [command for command in (descendants(os.getpid())).values() if "sleep 300" in command]
