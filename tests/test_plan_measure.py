@@ -114,6 +114,11 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
     # a send priced as the calibration's group of processes timed it, the idle pair's kept beside it
     assert measured["idle_message_send"] > 0 and measured["message_send"] > 0
     assert set(result["calibration"]["group_residual"]) == {"threads", "processes"}
+    # DDP's ranks priced with what they measured beyond their price on the calibration's batches
+    calibration = result["calibration"]
+    without = {key: value for key, value in calibration.items() if key != "rank_residual"}
+    assert calibration["rank_residual"] != 0.0 and cpu_costs(calibration)[1].step_overhead == pytest.approx(
+        max(0.0, cpu_costs(without)[1].step_overhead + calibration["rank_residual"]), rel=1e-12)
     assert parts["builds (the longest)"] > 1e3 * measured["build_fixed"]
     assert result["fastest_measured"] in names
     assert "[measure] calibrated in" in printed.err and "[measure] round 2/2: DDP on 2" in printed.err

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -77,18 +76,14 @@ def devices_of(text: str, gpus: Optional[int], error: Callable[[str], Exception]
     return devices
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def runner_command(spec: Dict) -> List[str]:
     return [sys.executable, "-m", "fairseq_hybrid.candidates.run_one", json.dumps(spec)]
 
 
 def run(spec: Dict, what: str) -> Dict:
     """One run in a fresh process, which ends with this one; its RESULT."""
+    from ..timing.ddp_rank import free_port
+
     spec = dict(spec, port=free_port(), parent=os.getpid())
     try:
         done = subprocess.run(runner_command(spec), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

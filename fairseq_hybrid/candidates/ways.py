@@ -11,7 +11,6 @@ own process never tell the ways apart by a row's shape.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
 
@@ -19,13 +18,11 @@ import torch
 
 from ..forecasts.data_parallel_cost import data_parallel_step, gradient_bytes, owned_bytes
 from ..forecasts.gpu_costs import predicted_step
-from ..parallel import watch_parent
 from ..planning.chunk_choice import SOFTMAX_CHUNK_COUNTS
 from ..planning.schedule_simulator import CostModel, StepTime
 from ..planning.twin_model import uniform_batch
-from ..timing import ddp_rank
+from ..timing.ddp_rank import in_ranks
 from ..timing.command_model import build, drawn, padded_tokens, timed
-from ..timing.training_steps import share_of, spawned
 from .group_search import best_group, chosen
 
 __all__ = ["Costs", "Pricing", "Candidate", "OneDevice", "DataParallel", "Group", "GroupsUnderDDP", "WAYS",
@@ -156,60 +153,6 @@ def in_process(spec: Dict) -> Dict:
     device = spec["devices"][0]  # fairseq's trainer puts a batch on the first GPU; a group takes it from there
     seconds = timed(model, criterion, torch.optim.Adam(model.parameters(), lr=1e-3), samples, spec["warmup"], device)
     return {"seconds": seconds, "tokens": padded_tokens(samples), "steps": len(samples)}
-
-
-class ReducedBeforeStep:
-    """An optimizer that sums the gradients over the ranks before its step,
-    a flat buffer per device (fairseq's ``legacy_ddp``: after the whole
-    backward pass, in one go)."""
-
-    def __init__(self, optimizer, parameters):
-        self.optimizer, self.parameters = optimizer, list(parameters)
-
-    def step(self):
-        import torch.distributed as dist
-
-        by_device: Dict[torch.device, List[torch.Tensor]] = {}
-        for parameter in self.parameters:
-            if parameter.grad is not None:
-                by_device.setdefault(parameter.grad.device, []).append(parameter.grad)
-        for grads in by_device.values():
-            flat = torch._utils._flatten_dense_tensors(grads)
-            dist.all_reduce(flat)
-            for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                grad.copy_(reduced)
-        self.optimizer.step()
-
-
-def rank_process(rank: int, spec: Dict, results) -> None:
-    """One rank of DDP or of groups under DDP, each training its share of
-    every batch's sentences (gloo on CPU, NCCL on CUDA); it ends with the
-    process that started the ranks, however that one ends."""
-    watch_parent(spec["parent"])
-    ranks = spec["ranks"]
-    per = len(spec["devices"]) // ranks
-    mine = spec["devices"][rank * per:(rank + 1) * per]
-    cuda = mine[0].startswith("cuda")
-    torch.set_num_threads(spec["threads"])
-    if cuda:
-        torch.cuda.set_device(torch.device(mine[0]))
-    ddp_rank.join(rank, ranks, spec["port"], "nccl" if cuda else "gloo")
-    task, cfg, model, criterion = build(spec["train"], mine, spec["group"] if per > 1 else None)
-    pad = task.target_dictionary.pad()
-    samples = [share_of(sample, rank, ranks, pad) for sample in drawn(task, cfg, spec["batches"])]
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    if per == 1:
-        loss = ddp_rank.ddp_loss(model, criterion, [mine[0]] if cuda else None)
-    else:
-        loss, optimizer = criterion, ReducedBeforeStep(optimizer, model.parameters())
-    _, seconds = ddp_rank.timed_steps(model, loss, optimizer, samples[:spec["warmup"]], samples, mine[0])
-    results.put((rank, seconds, padded_tokens(samples)))
-
-
-def in_ranks(spec: Dict) -> Dict:
-    """``spec['ranks']`` processes, the slowest rank's seconds."""
-    rows = spawned(rank_process, (dict(spec, parent=os.getpid()),), spec["ranks"])
-    return {"seconds": max(row[1] for row in rows), "tokens": sum(row[2] for row in rows), "steps": spec["batches"]}
 
 
 class OneDevice(Candidate):

@@ -127,7 +127,8 @@ def cpu_costs(calibration: Dict, workers: str = "threads") -> Tuple[callable, Co
     ``workers="processes"``: the group with a process per device, as
     built (``CostModel.as_processes``; the calibration's ``processes``).  Each
     kind's group adds to its step what a group of it measured beyond its
-    price on the calibration's batches (``group_residual``)."""
+    price on the calibration's batches (``group_residual``), and a rank
+    what DDP's ranks measured beyond theirs (``rank_residual``)."""
     engine = CostModel(**calibration["one_thread"])
     group = copy.deepcopy(engine)
     group.slowdown = calibration["slowdown"]
@@ -141,4 +142,6 @@ def cpu_costs(calibration: Dict, workers: str = "threads") -> Tuple[callable, Co
                   calibration["slowdown"])
     rank.group_step_overhead = None
     rank.link_bandwidth = calibration["reduce_bandwidth"]
+    # what DDP's ranks measured beyond their price on the calibration's batches (calibration_runs)
+    rank.step_overhead = max(0.0, rank.step_overhead + calibration.get("rank_residual", 0.0))
     return (lambda k: (group, one)), rank
