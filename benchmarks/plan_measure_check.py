@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     parser.add_argument("data", help="fairseq-preprocess output (ja-en)")
     parser.add_argument("--out", default="results/plan_measure", help="writes OUT.json and OUT.md")
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=2000)
+    parser.add_argument("--max-tokens", type=int, default=None, help="default 2000, and 1000 with --host-bound")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--suite-batches", type=int, default=10, help="bench_suite.py --batches")
     parser.add_argument("--plan-batches", type=int, default=8, help="fairseq-hybrid-plan --batches")
@@ -86,6 +86,8 @@ def main(argv=None) -> int:
                         help="the regime a GPU's host is in, where a cell's call is mostly host time: "
                         + " ".join(HOST_BOUND) + " (bench_suite.py --host-bound)")
     args = parser.parse_args(argv)
+    if args.max_tokens is None:  # the host-bound runs in docs/bench take batches of 1000 tokens
+        args.max_tokens = 1000 if args.host_bound else 2000
     if not os.path.isdir(args.data):
         parser.error(f"{args.data}: {NO_DATA}")
     started = time.time()

@@ -88,3 +88,30 @@ def test_each_way_says_its_command_line(priced):
     on_cpu = priced[2].command(TRAIN, batch, ["cpu"] * 4)
     assert on_cpu[5:8] == ["--device", "cpu", "--"]
     assert priced[3].command(TRAIN, batch, ["cpu"] * 4)[len(TRAIN) + 4] == "cpu,cpu,cpu,cpu"
+
+
+def test_with_the_commands_batches_each_way_is_priced_on_every_one(priced):
+    """Given the command's own batches, every way keeps the choice it made
+    on the batch of the mean shape and is priced as the mean of its steps
+    on each batch, at its share of the batch's sentences: a batch of
+    sentences of several lengths is not priced as one of the mean's."""
+    from fairseq_hybrid.forecasts.workload import Batch
+
+    model, cfg = twin_model("hybrid_lstm_tiny", 100, encoder_layers=4, decoder_layers=4)
+    cost = CostModel(rates={"lstm/forward": 1e9}, fixed={"lstm/forward": 1e-4}, step_overhead=1e-3,
+                     link_bandwidth=1e9)
+    real = [Batch([14, 13, 9, 9, 6, 4, 3, 2] * 8, 16, [16, 12, 9, 8, 7, 5, 3, 2] * 8),
+            Batch([7] * 64, 8, [8] * 64)]
+    on = race(model, cfg, lambda k: (cost, cost), 4, 64, 10, 12, (1,), workers="processes", batches=real)
+    for mine, mean_shape in zip(on, priced):
+        assert mine.choice == mean_shape.choice and mine.step.total != pytest.approx(mean_shape.step.total)
+        each = []
+        for batch in real:
+            share = len(batch.sources) * mine.sentences // 64
+            pricing = ways.Pricing(model, cfg, lambda k: (cost, cost), max(batch.sources), batch.width,
+                                   micro_batch_counts=(1,), real=batch,
+                                   choices={mine.group_size: mine.choice} if mine.choice else None)
+            each.append(type(mine)(mine.gpus, mine.group_size, mine.groups, share, mine.workers).price(pricing))
+        assert mine.step.total == pytest.approx(sum(way.step.total for way in each) / 2, rel=1e-12)
+    # a share is the batch's first sentences: DDP on 4 prices 16 of the first batch's 64
+    assert ways.Pricing(model, cfg, None, 0, 0, real=real[0]).batch(16)[0]["src_lengths"].tolist() == real[0].sources[:16]

@@ -97,13 +97,17 @@ def test_measure_runs_every_candidate_beside_the_race_prediction(binarized, tmp_
     # one code path: the same rows from race() under each round's calibration
     args = train_command.parse_training([data, *TINY])
     load = workload.workload(args, plan.build_parser().parse_args(["--gpus", "2", "--batches", "2"]))
-    tokens = result["sentences"] * (result["source"] + result["target"])
+    # each priced on the command's own batches, the ones --measure trains on
+    assert [len(real.sources) for real in load.batches] == [len(real.targets) for real in load.batches]
+    assert len(load.batches) == 2 and load.sentences == pytest.approx(
+        statistics.mean(len(real.sources) for real in load.batches), abs=1)
+    tokens = statistics.mean(len(real.sources) * (max(real.sources) + real.width) for real in load.batches)
     for workers, group in (("threads", result["rows"][2]), ("processes", result["rows"][3])):
         kept = {2: {key: group[key] for key in ("micro_batches", "chunk_length", "placement", "softmax_chunks")}}
         for index, choices in ((0, None), (1, kept)):
             costs, rank = cpu_costs(result["calibrations"][index], workers)
             rows = race(load.model, load.cfg, costs, 2, result["sentences"], result["source"], result["target"],
-                        (1, 2), None, rank_cost=rank, choices=choices)
+                        (1, 2), None, rank_cost=rank, choices=choices, batches=load.batches)
             for mine, theirs in zip(result["rows"][:2] + [group], rows):
                 assert mine["predicted_rounds"][index] == pytest.approx(tokens / theirs.step.total, rel=1e-12)
     # processes priced as built: each stage's build, its messages, the commands, the gradients' copy

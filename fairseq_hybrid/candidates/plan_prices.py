@@ -5,6 +5,7 @@ process per device, each as built."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -39,8 +40,11 @@ def priced_rows(load: Workload, own, costs, rank_cost, progress=lambda text: Non
 
     rows = race(load.model, load.cfg, costs, own.gpus, load.sentences, load.source, load.target,
                 own.micro_batches, None, group_sizes=own.group_sizes, progress=progress, rank_cost=rank_cost,
-                choices=choices, workers=workers)
-    tokens = load.sentences * (load.source + load.target)
+                choices=choices, workers=workers, batches=load.batches)
+    if load.batches:  # each priced on the command's own batches: their mean padded tokens
+        tokens = statistics.mean(len(real.sources) * (max(real.sources) + real.width) for real in load.batches)
+    else:
+        tokens = load.sentences * (load.source + load.target)
     ddp = rows[1] if len(rows) > 1 else None
     table = []
     for row in rows:

@@ -18,11 +18,14 @@ Costs come as a function of K returning ``(group cost, one-device cost)``
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..forecasts.workload import Batch
 from ..parallel import DevicePlanError, build_plan
 from ..planning.chunk_choice import SOFTMAX_CHUNK_COUNTS
-from ..planning.schedule_simulator import CostModel
+from ..planning.schedule_simulator import CostModel, StepTime
 from ..forecasts.gpu_costs import STEP_US, set_costs, set_rate, set_tokens_per_s
 from .ways import Candidate, Costs, DataParallel, Group, GroupsUnderDDP, OneDevice, Pricing
 
@@ -84,7 +87,8 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
          group_sizes: Optional[Sequence[int]] = None, progress: Callable[[str], None] = lambda text: None,
          memo: Optional[Dict] = None, rank_cost: Optional[CostModel] = None,
          replica_copies: bool = True, choices: Optional[Dict[int, Dict]] = None,
-         softmax_chunks: Sequence[int] = SOFTMAX_CHUNK_COUNTS, workers: Optional[str] = None) -> List[Candidate]:
+         softmax_chunks: Sequence[int] = SOFTMAX_CHUNK_COUNTS, workers: Optional[str] = None,
+         batches: Optional[Sequence[Batch]] = None) -> List[Candidate]:
     """Every candidate (:func:`candidates`) at a global batch of
     ``global_sentences`` sentences of ``source`` + ``target`` tokens,
     each priced by itself (:class:`.ways.Pricing` holds what with).
@@ -99,10 +103,33 @@ def race(model, cfg, costs: Costs, gpus: int, global_sentences: int, source: int
     (:func:`.group_search.chosen`'s dict) instead of searching them (what
     ``fairseq-hybrid-plan --measure`` runs, priced again under a later
     calibration).  ``softmax_chunks``: the ``--hybrid-softmax-chunks`` a
-    group may take.  ``workers``: the groups' (named in their rows)."""
+    group may take.  ``workers``: the groups' (named in their rows).
+    ``batches``: the command's own; each way chooses on the batch of the
+    mean shape, then is priced on every one of them (:func:`on_batches`)."""
     pricing = Pricing(model, cfg, costs, source, target, rank_cost, micro_batch_counts, lengths, replica_copies,
                       choices, softmax_chunks, {} if memo is None or choices else memo, progress)
-    return [way.price(pricing) for way in candidates(cfg, gpus, global_sentences, group_sizes, workers)]
+    ways = [way.price(pricing) for way in candidates(cfg, gpus, global_sentences, group_sizes, workers)]
+    if batches:
+        for way in ways:
+            way.step = on_batches(way, pricing, batches, global_sentences)
+    return ways
+
+
+def on_batches(way: Candidate, pricing: Pricing, batches: Sequence[Batch], global_sentences: int) -> StepTime:
+    """``way``'s mean step over ``batches`` (the command's own), each at
+    its share of the batch's sentences, its choice kept: a batch's widths
+    and sentence count set a group's chunks and a cell's fixed costs, so
+    the batch of the mean shape prices real batches short
+    (docs/benchmarks.md, "Asking for one's own case")."""
+    steps = []
+    for real in batches:
+        share = max(1, len(real.sources) * way.sentences // global_sentences)
+        given = {way.group_size: way.choice} if way.choice else pricing.choices
+        priced = replace(pricing, source=max(real.sources), target=real.width, real=real, choices=given, memo={})
+        steps.append(replace(way, sentences=share, step=None).price(priced).step)
+    return StepTime(*(statistics.mean(getattr(step, name) for step in steps)
+                      for name in ("forward", "backward", "extra")),
+                    {name: statistics.mean(step.parts.get(name, 0.0) for step in steps) for name in steps[0].parts})
 
 
 def fastest(rows: Sequence[Candidate]) -> Candidate:

@@ -20,7 +20,8 @@ from ..forecasts.data_parallel_cost import data_parallel_step, gradient_bytes, o
 from ..forecasts.gpu_costs import predicted_step
 from ..planning.chunk_choice import SOFTMAX_CHUNK_COUNTS
 from ..planning.schedule_simulator import CostModel, StepTime
-from ..planning.twin_model import uniform_batch
+from ..forecasts.workload import Batch
+from ..planning.twin_model import batch, uniform_batch
 from ..timing.ddp_rank import in_ranks
 from ..timing.command_model import build, drawn, padded_tokens, timed
 from .group_search import best_group, chosen
@@ -38,7 +39,8 @@ class Pricing:
     one device's, its link also pricing the groups' all-reduce), the
     sentences' shape, what a group may choose among (or ``choices``: by
     group size, what to price as given) and the groups already priced
-    (``memo``, by size, sentences and shape)."""
+    (``memo``, by size, sentences and shape); ``real``: a batch of the
+    command's to price instead of ``source`` + ``target`` tokens each."""
 
     model: object
     cfg: object
@@ -53,9 +55,13 @@ class Pricing:
     softmax_chunks: Sequence[int] = SOFTMAX_CHUNK_COUNTS
     memo: Dict = field(default_factory=dict)
     progress: Callable[[str], None] = lambda text: None
+    real: Optional[Batch] = None  # one of the command's batches: priced on its first sentences instead
 
     def batch(self, sentences: int):
-        return uniform_batch(sentences, self.source, self.target)
+        if self.real is None:
+            return uniform_batch(sentences, self.source, self.target)
+        sources, width, targets = self.real
+        return batch(sentences, sources[:sentences], width, targets[:sentences])
 
     def group(self, k: int, sentences: int) -> Dict:
         """A group of ``k`` at ``sentences``: :func:`.group_search.best_group`'s

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from ..command_lines.train_command import PlanError
+
+
+class Batch(NamedTuple):
+    """One of the command's batches as the simulator prices it: each
+    sentence's source length, the target width and each target length."""
+
+    sources: List[int]
+    width: int
+    targets: List[int]
 
 
 class Workload:
@@ -19,11 +28,13 @@ class Workload:
     (a parameter-free twin) and its options."""
 
     def __init__(self, model, cfg, sentences: int, source: int, target: int, where: str,
-                 fewest: Optional[int] = None):
+                 fewest: Optional[int] = None, batches: Optional[List[Batch]] = None):
         self.model, self.cfg = model, cfg
         self.sentences, self.source, self.target = sentences, source, target
         self.where = where  # how the shape was found, said in the output
         self.fewest = fewest  # the fewest sentences of the drawn batches (with data)
+        # the drawn batches themselves (with data, without --update-freq): what each candidate is priced on
+        self.batches = batches
 
 
 def quietly(function, *args):
@@ -59,11 +70,12 @@ def vocabulary_sizes(args, data: Optional[str], default: int) -> Tuple[int, int]
     return sizes[0], sizes[1]
 
 
-def data_shape(args, count: int) -> Tuple[float, float, float, int]:
+def data_shape(args, count: int) -> Tuple[float, float, float, int, List[Batch]]:
     """Mean sentences per batch and mean source and target lengths (padded
     width, as the simulator pads) of ``count`` training batches drawn by
     fairseq's batch sampler at the command's ``--max-tokens`` (seed 1, the
-    batches ``--measure`` trains on), and the fewest sentences of them."""
+    batches ``--measure`` trains on), the fewest sentences of them, and the
+    batches' lengths."""
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -84,7 +96,10 @@ def data_shape(args, count: int) -> Tuple[float, float, float, int]:
     if not shapes:
         raise PlanError(f"{args.data}: no training batches at --max-tokens {args.max_tokens}")
     means = tuple(sum(shape[i] for shape in shapes) / len(shapes) for i in range(3))
-    return means + (min(shape[0] for shape in shapes),)
+    pad = task.target_dictionary.pad()
+    batches = [Batch(sample["net_input"]["src_lengths"].tolist(), sample["target"].size(1),
+                     sample["target"].ne(pad).sum(1).tolist()) for sample in drawn]
+    return means + (min(shape[0] for shape in shapes), batches)
 
 
 def twin_of(args, source_words: int, target_words: int):
@@ -109,12 +124,12 @@ def workload(args, own) -> Workload:
     update_freq = args.update_freq[0] if args.update_freq else 1
     model, cfg = twin_of(args, *vocabulary_sizes(args, data, own.vocabulary))
     if data:
-        per_batch, source, target, fewest = data_shape(args, own.batches)
+        per_batch, source, target, fewest, batches = data_shape(args, own.batches)
         where = (f"{own.batches} batches of {data} at --max-tokens {args.max_tokens}: {per_batch:.1f} sentences "
                  f"of {source:.1f} + {target:.1f} tokens (padded) on average")
         source, target = round(source), round(target)
     else:
-        fewest = None
+        fewest, batches = None, None
         source, target = own.sentence_length
         if args.batch_size:
             per_batch = args.batch_size
@@ -132,4 +147,5 @@ def workload(args, own) -> Workload:
                         f"of the {own.batches} batches at --max-tokens {args.max_tokens} has {fewest}: give a larger "
                         "--max-tokens")
     return Workload(model, cfg, sentences - sentences % own.gpus, source, target,
-                    where + (f", x {update_freq} (--update-freq)" if update_freq > 1 else ""), fewest)
+                    where + (f", x {update_freq} (--update-freq)" if update_freq > 1 else ""), fewest,
+                    batches if update_freq == 1 else None)

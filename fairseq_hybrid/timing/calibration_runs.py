@@ -143,9 +143,9 @@ def group_residuals(spec: Dict, calibration: Dict, samples) -> Dict[str, float]:
         group = model.hybrid_group
         try:
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-            # the faster of two passes: another tenant of the machine only ever slows a pass
-            measured = min(timed(model, criterion, optimizer, samples, 1 if attempt == 0 else 0, "cpu")
-                           for attempt in range(REPEATS)) / len(samples)
+            # one pass after a warm-up step, as --measure times a candidate (the faster of two passes
+            # priced the groups a tenth faster than --measure then measured them, host-bound)
+            measured = timed(model, criterion, optimizer, samples, 1, "cpu") / len(samples)
             if group.stages is not None and group.stages.sent_so_far[0]:
                 # a send in a busy step: what the stages' own timers say, beside the idle pair's measurement
                 messages, _, seconds = group.stages.sent_so_far
@@ -167,7 +167,8 @@ def rank_residual(spec: Dict, calibration: Dict, engine, cfg, task, samples) -> 
     shares under the calibration's rank cost: what the cells' fit and
     gloo's idle all-reduce do not hold (DDP's hooks and buckets, the
     all-reduce beside a busy rank, processes on the cores); the rank's
-    price adds it to its step.  The slowest rank's faster of two passes."""
+    price adds it to its step.  Timed as ``--measure`` times DDP: one
+    pass after a warm-up step, the slowest rank's."""
     from ..forecasts.data_parallel_cost import data_parallel_step_of
     from ..forecasts.gpu_costs import predicted_step
     from .cpu_calibration import cpu_costs
@@ -177,7 +178,7 @@ def rank_residual(spec: Dict, calibration: Dict, engine, cfg, task, samples) -> 
     k = len(spec["devices"])
     run = {"train": spec["train"], "devices": list(spec["devices"]), "group": None, "threads": 1,
            "batches": len(samples), "warmup": 1, "seed": 2, "ranks": k,  # the calibration's own batches
-           "passes": REPEATS, "port": free_port()}
+           "port": free_port()}
     measured = in_ranks(run)["seconds"] / len(samples)
     rank = cpu_costs(calibration)[1]
     pad, nbytes = task.target_dictionary.pad(), gradient_bytes(engine)

@@ -48,22 +48,18 @@ def ddp_loss(model, criterion, device_ids: Optional[Sequence] = None) -> Callabl
     return lambda _, sample: wrapped(sample)
 
 
-def timed_steps(model, loss, optimizer, warm: Sequence, timed: Sequence, device: str = "cpu",
-                passes: int = 1) -> Tuple[int, float]:
+def timed_steps(model, loss, optimizer, warm: Sequence, timed: Sequence, device: str = "cpu") -> Tuple[int, float]:
     """Warm-up steps on ``warm``, then the steps on ``timed`` between two
-    barriers, ``passes`` times: their target tokens and the fastest pass's
-    seconds (another tenant of the machine only ever slows a pass).  The
-    process group is left afterwards."""
+    barriers: their target tokens and seconds.  The process group is left
+    afterwards."""
     import torch.distributed as dist
 
     train_steps(model, loss, optimizer, warm, device)  # (train_steps puts the model in training mode)
-    seconds = float("inf")
-    for _ in range(passes):
-        dist.barrier()
-        start = time.perf_counter()
-        tokens, _ = train_steps(model, loss, optimizer, timed, device)
-        dist.barrier()
-        seconds = min(seconds, time.perf_counter() - start)
+    dist.barrier()
+    start = time.perf_counter()
+    tokens, _ = train_steps(model, loss, optimizer, timed, device)
+    dist.barrier()
+    seconds = time.perf_counter() - start
     dist.destroy_process_group()
     return tokens, seconds
 
@@ -113,8 +109,7 @@ def rank_process(rank: int, spec: Dict, results) -> None:
         loss = ddp_loss(model, criterion, [mine[0]] if cuda else None)
     else:
         loss, optimizer = criterion, ReducedBeforeStep(optimizer, model.parameters())
-    _, seconds = timed_steps(model, loss, optimizer, samples[:spec["warmup"]], samples, mine[0],
-                             spec.get("passes", 1))
+    _, seconds = timed_steps(model, loss, optimizer, samples[:spec["warmup"]], samples, mine[0])
     results.put((rank, seconds, padded_tokens(samples)))
 
 
