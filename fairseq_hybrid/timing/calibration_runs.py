@@ -143,9 +143,11 @@ def group_residuals(spec: Dict, calibration: Dict, samples) -> Dict[str, float]:
         group = model.hybrid_group
         try:
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-            # one pass after a warm-up step, as --measure times a candidate (the faster of two passes
-            # priced the groups a tenth faster than --measure then measured them, host-bound)
-            measured = timed(model, criterion, optimizer, samples, 1, "cpu") / len(samples)
+            # the mean of two passes after a warm-up step: a pass as --measure times a candidate (the
+            # faster of two priced the groups a tenth faster than --measure then measured them,
+            # host-bound), two for half the variance of one
+            measured = statistics.mean(timed(model, criterion, optimizer, samples, 1 - attempt, "cpu")
+                                       for attempt in range(REPEATS)) / len(samples)
             if group.stages is not None and group.stages.sent_so_far[0]:
                 # a send in a busy step: what the stages' own timers say, beside the idle pair's measurement
                 messages, _, seconds = group.stages.sent_so_far
