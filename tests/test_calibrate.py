@@ -6,6 +6,7 @@ file's cost model on made-up figures); bad input refused in one line."""
 
 import json
 import os
+import statistics
 import subprocess
 
 import pytest
@@ -46,13 +47,14 @@ def test_one_calibration_is_read_by_the_plan_and_by_the_group(binarized, tmp_pat
     assert f"priced with the calibration in {costs} ({written['measured_on']})" in printed.out
     result = json.loads(planned.read_text())
     load = workload(parse_training([data, *TINY]), plan.build_parser().parse_args(["--gpus", "2", "--batches", "50"]))
-    tokens = result["sentences"] * (result["source"] + result["target"])
+    # each way priced on the command's own batches
+    tokens = statistics.mean(len(real.sources) * (max(real.sources) + real.width) for real in load.batches)
     assert [row["name"] for row in result["rows"]] == ["one GPU", "DDP on 2", "one group of 2, threads",
                                                        "one group of 2, processes"]
     for workers, mine in (("threads", result["rows"][:3]), ("processes", result["rows"][:2] + result["rows"][3:])):
         group, rank = cpu_costs(written["calibration"], workers)
         rows = race(load.model, load.cfg, group, 2, load.sentences, load.source, load.target, (1,), None,
-                    rank_cost=rank)
+                    rank_cost=rank, batches=load.batches)
         assert [row["tokens_per_s"] for row in mine] == pytest.approx([tokens / row.step.total for row in rows],
                                                                       rel=1e-12)
     # a GPU forecast refuses it

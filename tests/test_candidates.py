@@ -114,4 +114,5 @@ def test_with_the_commands_batches_each_way_is_priced_on_every_one(priced):
             each.append(type(mine)(mine.gpus, mine.group_size, mine.groups, share, mine.workers).price(pricing))
         assert mine.step.total == pytest.approx(sum(way.step.total for way in each) / 2, rel=1e-12)
     # a share is the batch's first sentences: DDP on 4 prices 16 of the first batch's 64
-    assert ways.Pricing(model, cfg, None, 0, 0, real=real[0]).batch(16)[0]["src_lengths"].tolist() == real[0].sources[:16]
+    first = ways.Pricing(model, cfg, None, 0, 0, real=real[0]).batch(16)[0]
+    assert first["src_lengths"].tolist() == real[0].sources[:16]

@@ -304,10 +304,15 @@ TRAINER = textwrap.dedent("""
 def test_no_stage_outlives_the_trainer(how, tmp_path):
     """However the trainer's process ends (normally, by an exception, by
     Ctrl-C, SIGTERM or SIGKILL), its stages end within seconds."""
+    import pathlib
+    import shutil
+    import tempfile
+
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER.format(tests=os.path.dirname(os.path.abspath(__file__))))
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    # short: the stages share tensors through Unix sockets under TMPDIR, whose paths have at most 107
+    # bytes, and pytest's own folders grow past that under xdist
+    temporary = pathlib.Path(tempfile.mkdtemp(prefix="fh-"))
     trainer = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "TMPDIR": str(temporary)})
     try:
@@ -325,6 +330,7 @@ def test_no_stage_outlives_the_trainer(how, tmp_path):
     finally:
         trainer.kill()
         trainer.wait()
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def test_a_store_folder_a_dead_trainer_left_is_cleared(tmp_path):

@@ -90,7 +90,8 @@ def _kept_on(target: Tensor, pad: int, device: torch.device) -> KeptTargets:
     return KeptTargets(*(arrive(t, device) for t in kept_targets(target, pad)))
 
 
-def _packed_layouts(values: Tuple[int, ...], width: int, rows: int, devices) -> Dict[torch.device, Optional[PackedLayout]]:
+def _packed_layouts(values: Tuple[int, ...], width: int, rows: int,
+                    devices) -> Dict[torch.device, Optional[PackedLayout]]:
     """The packed layout of the running rows of checked ``values`` (lengths
     sorted longest first, :func:`.sorted_values`) among ``rows`` on each of
     ``devices``; None on each where no row runs."""
