@@ -100,7 +100,8 @@ def calibrate(train: List[str], devices: Sequence[str], batches: int, progress: 
     """This machine's CPU cost model, measured in a process of its own on
     the command every candidate runs (``train``)."""
     progress(f"calibrating {len(devices)} CPU devices on {batches} other batches (the engine's cells, the model "
-             f"with 1 and {len(devices)} threads, {len(devices)} copies at once, gloo's all-reduce)")
+             f"with 1 and {len(devices)} threads, {len(devices)} copies at once, gloo's all-reduce, a group of each "
+             "kind and DDP's ranks against their prices)")
     started = time.time()
     calibration = run({"kind": "calibrate", "train": train, "devices": list(devices), "batches": batches},
                       "the calibration")

@@ -10,7 +10,8 @@ measured once on the user's command, written as a cost file that
 On CPU devices it is what ``--measure`` calibrates before it prices the
 candidates (:func:`fairseq_hybrid.candidates.measure.calibrate`: the
 engine's cells fitted, the model with 1 and K threads, K copies at once,
-gloo's all-reduce), on batches of the command's data.  On GPUs
+gloo's all-reduce, a group of each kind and DDP's ranks against their
+prices), on batches of the command's data.  On GPUs
 (``cuda:0,cuda:1,...``) it measures what the GPU forecasts price with, on
 the command's model (:mod:`fairseq_hybrid.timing.gpu_calibration`): the
 host time per cell call, an LSTM layer's time per step by batch, one
@@ -55,7 +56,8 @@ the GPUs of one machine cannot show (the link to another machine, the
 time of a step outside its cells) comes from the published set --base
 names. On CPU devices (cpu,cpu,...) it measures what --measure measures
 before it prices: the engine's cells, the model with 1 and K threads, K
-copies at once and gloo's all-reduce. Either way the file also holds the
+copies at once, gloo's all-reduce, and a group of each kind and DDP's
+ranks against their prices. Either way the file also holds the
 cost model a group of these devices makes its auto choices with."""
 
 
