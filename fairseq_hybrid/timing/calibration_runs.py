@@ -62,6 +62,9 @@ def run_calibrate(spec: Dict) -> Dict:
     plain = [build(spec["train"], ["cpu"])[2:] for _ in range(k)]
     samples = drawn(task, cfg, spec["batches"] + 1, seed=2)
     warm, samples = samples[:1], samples[1:]
+    if k > 1:  # first, before this process trains anything: after that, its ranks ran slower (docs/benchmarks.md)
+        say(f"DDP's {k} ranks")
+        rank_seconds = ranks_step_seconds(spec, warm + samples)
     optimizer = torch.optim.Adam(engine.parameters(), lr=1e-3)
     optimizers = [torch.optim.Adam(model.parameters(), lr=1e-3) for model, _ in plain]
     torch.set_num_threads(1)
@@ -110,8 +113,7 @@ def run_calibrate(spec: Dict) -> Dict:
     if k > 1:
         say(f"a group of {k} with threads and with processes, against their prices")
         calibration["group_residual"] = group_residuals(spec, calibration, samples)
-        say(f"DDP's {k} ranks, against their price")
-        calibration["rank_residual"] = rank_residual(spec, calibration, engine, cfg, task, warm + samples)
+        calibration["rank_residual"] = rank_residual(rank_seconds, calibration, engine, cfg, task, warm + samples)
     return calibration
 
 
@@ -163,25 +165,31 @@ def group_residuals(spec: Dict, calibration: Dict, samples) -> Dict[str, float]:
     return residuals
 
 
-def rank_residual(spec: Dict, calibration: Dict, engine, cfg, task, samples) -> float:
-    """What DDP's ranks (one a device, each a process, ``timing.ddp_rank``)
-    measured a step on the calibration's batches beyond the price of their
-    shares under the calibration's rank cost: what the cells' fit and
+def ranks_step_seconds(spec: Dict, samples) -> float:
+    """Seconds a step of DDP's ranks (one a device, each a process,
+    ``timing.ddp_rank``) on ``samples``, the calibration's own batches,
+    timed as ``--measure`` times DDP: one pass after a warm-up step, the
+    slowest rank's."""
+    from .ddp_rank import free_port, in_ranks
+
+    run = {"train": spec["train"], "devices": list(spec["devices"]), "group": None, "threads": 1,
+           "batches": len(samples), "warmup": 1, "seed": 2, "ranks": len(spec["devices"]), "port": free_port()}
+    return in_ranks(run)["seconds"] / len(samples)
+
+
+def rank_residual(measured: float, calibration: Dict, engine, cfg, task, samples) -> float:
+    """What DDP's ranks measured a step (``measured``,
+    :func:`ranks_step_seconds`) beyond the price of their shares of
+    ``samples`` under the calibration's rank cost: what the cells' fit and
     gloo's idle all-reduce do not hold (DDP's hooks and buckets, the
     all-reduce beside a busy rank, processes on the cores); the rank's
-    price adds it to its step.  Timed as ``--measure`` times DDP: one
-    pass after a warm-up step, the slowest rank's."""
+    price adds it to its step."""
     from ..forecasts.data_parallel_cost import data_parallel_step_of
     from ..forecasts.gpu_costs import predicted_step
     from .cpu_calibration import cpu_costs
-    from .ddp_rank import free_port, in_ranks
     from .training_steps import share_of
 
-    k = len(spec["devices"])
-    run = {"train": spec["train"], "devices": list(spec["devices"]), "group": None, "threads": 1,
-           "batches": len(samples), "warmup": 1, "seed": 2, "ranks": k,  # the calibration's own batches
-           "port": free_port()}
-    measured = in_ranks(run)["seconds"] / len(samples)
+    k = len(calibration["together_seconds"])
     rank = cpu_costs(calibration)[1]
     pad, nbytes = task.target_dictionary.pad(), gradient_bytes(engine)
     priced = statistics.mean(
