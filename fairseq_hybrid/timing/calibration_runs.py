@@ -52,7 +52,9 @@ def run_calibrate(spec: Dict) -> Dict:
     with K); the model as one device and DDP's ranks run it (fairseq's
     modules, no engine) timed with one thread and with all K, against the
     engine; each device's slowdown when K such copies train at once; gloo's
-    all-reduce of the model's gradients between K processes."""
+    all-reduce of the model's gradients between K processes; a group of
+    each kind of workers and DDP's ranks (timed first) against their
+    prices."""
     from .cpu_calibration import fitted_cost, ring_bandwidth
     from .worker_costs import worker_costs
 
