@@ -60,20 +60,31 @@ def children(pid: int) -> dict:
     return found
 
 
-def assert_children_end_with(process, how, matching=lambda command: True, running=2.0, what="a child"):
-    """Wait for ``process``'s children whose command line ``matching``
-    takes, let them run ``running`` seconds, send ``how`` to ``process``,
-    and assert that each of them ends within 10 s (any left is killed)."""
+def descendants(pid: int) -> dict:
+    """The processes below ``pid`` (children, theirs, ...), with their command lines."""
+    found = {}
+    for child, command in children(pid).items():
+        found[child] = command
+        found.update(descendants(child))
+    return found
+
+
+def assert_children_end_with(process, how, matching=lambda command: True, running=2.0, what="a child",
+                             among=children, ready=bool) -> dict:
+    """Wait for ``process``'s children (``among``: or its descendants)
+    whose command line ``matching`` takes, until ``ready`` takes them, let
+    them run ``running`` seconds, send ``how`` to ``process``, and assert
+    that each of them ends within 10 s (any left is killed).  Returns them."""
     import signal
     import time
 
     seen = {}
     try:
         deadline = time.time() + 60
-        while not seen and time.time() < deadline and process.poll() is None:
-            seen = {pid: command for pid, command in children(process.pid).items() if matching(command)}
+        while not ready(seen) and time.time() < deadline and process.poll() is None:
+            seen = {pid: command for pid, command in among(process.pid).items() if matching(command)}
             time.sleep(0.2)
-        assert seen, f"no {what} seen"
+        assert ready(seen), f"no {what} seen: {seen}"
         time.sleep(running)
         assert all(alive(pid) for pid in seen)
         process.send_signal(how)
@@ -88,6 +99,7 @@ def assert_children_end_with(process, how, matching=lambda command: True, runnin
         for pid in seen:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+    return seen
 
 
 def run(*args, **kwargs):

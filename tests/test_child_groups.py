@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import alive, children
+from conftest import assert_children_end_with, descendants
 from fairseq_hybrid.harness.child_groups import run_in_group
 
 # a script whose child (bash) starts two grandchildren and waits for them
@@ -22,39 +22,17 @@ with group_of_its_own(["bash", "-c", "sleep 300 & sleep 300 & wait"]) as process
 """
 
 
-def descendants(pid: int) -> dict:
-    found = {}
-    for child, command in children(pid).items():
-        found[child] = command
-        found.update(descendants(child))
-    return found
+def both_sleeps(seen: dict) -> bool:
+    return sum(command.strip() == "sleep 300" for command in seen.values()) == 2
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_what_the_child_started_ends_with_the_script(how):
     script = subprocess.Popen([sys.executable, "-c", SCRIPT])
-    seen = {}
-    try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            seen = descendants(script.pid)
-            if sum("sleep 300" == command.strip() for command in seen.values()) == 2:
-                break
-            time.sleep(0.1)
-        commands = sorted(command.split()[0].rsplit("/", 1)[-1] for command in seen.values())
-        assert commands == ["bash", "python", "sleep", "sleep"], seen  # python: the keeper
-        script.send_signal(how)
-        script.wait(timeout=30)
-        deadline = time.time() + 10
-        while any(alive(pid) for pid in seen) and time.time() < deadline:
-            time.sleep(0.1)
-        assert [command for pid, command in seen.items() if alive(pid)] == []
-    finally:
-        if script.poll() is None:
-            script.kill()
-        for pid in seen:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    seen = assert_children_end_with(script, how, running=0.0, what="what the script's child started",
+                                    among=descendants, ready=both_sleeps)
+    commands = sorted(command.split()[0].rsplit("/", 1)[-1] for command in seen.values())
+    assert commands == ["bash", "python", "sleep", "sleep"], seen  # python: the keeper
 
 
 def test_run_in_group_gives_the_status_and_output_and_ends_the_group_on_a_timeout():

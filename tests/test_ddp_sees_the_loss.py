@@ -8,13 +8,13 @@ batches, both ranks hold the same, averaged gradients (gloo on CPU, as
 fairseq wraps a model for ``pytorch_ddp``)."""
 
 import datetime
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from fairseq_hybrid.harness.stand_ins import StandInTask, build_model, make_dictionary, make_sample
+from fairseq_hybrid.timing.ddp_rank import free_port
 
 
 def rank_grads(rank: int, port: int, folder: str) -> None:
@@ -39,10 +39,7 @@ def rank_grads(rank: int, port: int, folder: str) -> None:
 
 
 def test_ddp_averages_the_gradients_of_hybrid_cross_entropy(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.spawn(rank_grads, args=(port, str(tmp_path)), nprocs=2)
+    mp.spawn(rank_grads, args=(free_port(), str(tmp_path)), nprocs=2)
     grads = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:

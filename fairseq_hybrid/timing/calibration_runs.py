@@ -191,7 +191,7 @@ def rank_residual(measured: float, calibration: Dict, engine, cfg, task, samples
     from .cpu_calibration import cpu_costs
     from .training_steps import share_of
 
-    k = len(calibration["together_seconds"])
+    k = calibration["threads"]  # the devices, a rank each
     rank = cpu_costs(calibration)[1]
     pad, nbytes = task.target_dictionary.pad(), gradient_bytes(engine)
     priced = statistics.mean(

@@ -132,11 +132,9 @@ def wire_costs(kind: str = "host", command_bytes: int = 0) -> Dict[str, float]:
 
         ends = wire_ends(context, 2)
     else:
-        import socket
+        from .ddp_rank import free_port
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ends = probe.getsockname()[1]  # a free port for the stages' store
+        ends = free_port()  # for the stages' store
     mine, theirs = context.Pipe()
     peer = context.Process(target=_peer, args=(kind, ends, theirs, os.getpid()), daemon=True)
     peer.start()
