@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .parallel import (AUTO, DEFAULT_TIMEOUT, MODES, DevicePlan, DevicePlanError, DeviceUsage, ModelReplicas,
                        StageProcesses, StepShape, WorkerThreads, build_plan, build_step, check_options,
-                       chunk_length_option, draw_single_device_masks, micro_batches_option, plan_table,
+                       chunk_length_option, lay_out_step, micro_batches_option, plan_table,
                        softmax_chunks_option, step_scope)
 from .planning import ChunkLengthChooser, CostModel, auto_placement, priced_workers
 
@@ -260,7 +260,7 @@ class HybridGroup:
             self.prices = None
         if self.runtime is None:
             leave_cores_to_devices(self.plan)
-            self.runtime = (StageProcesses(self.model, self.plan, self.timeout, build_step, draw_single_device_masks)
+            self.runtime = (StageProcesses(self.model, self.plan, self.timeout, build_step, lay_out_step)
                             if self.workers == "processes" else
                             WorkerThreads(self.model, self.plan, self.timeout, self.replicas))
         return self.runtime.loss_sums(net_input, target, shard_loss,

@@ -31,7 +31,7 @@ def test_cells_name_their_outputs_and_readers_use_the_names(dictionaries):
     assert step.cells[cells["decoder layer 3 chunk 1"]].outputs == ("h", "c", "shard 0", "shard 1")
     # shard 1 of chunk 1 reads the top decoder layer's rows of shard 1 and the encoder's shard 1
     reader = step.cells[cells["attention-softmax shard 1 chunk 1"]]
-    assert reader.inputs == [step.ref(cells["decoder layer 3 chunk 1"], "shard 1"),
+    assert list(reader.inputs) == [step.ref(cells["decoder layer 3 chunk 1"], "shard 1"),
                              step.ref(cells["encoder top states"], "shard 1")]
     with pytest.raises(KeyError, match="has no output 'shard 2'"):
         step.ref(cells["encoder top states"], "shard 2")
@@ -57,7 +57,7 @@ def test_an_attention_softmax_cell_over_several_chunks_reads_each_of_them(dictio
     names = [name for name in cells if name.startswith("attention-softmax")]
     assert names == ["attention-softmax shard 0 chunks 0-1", "attention-softmax shard 0 chunk 2",
                      "attention-softmax shard 1 chunks 0-1", "attention-softmax shard 1 chunk 2"]
-    assert step.cells[cells["attention-softmax shard 1 chunks 0-1"]].inputs == [
+    assert list(step.cells[cells["attention-softmax shard 1 chunks 0-1"]].inputs) == [
         step.ref(cells["decoder layer 3 chunk 0"], "shard 1"), step.ref(cells["decoder layer 3 chunk 1"], "shard 1"),
         step.ref(cells["encoder top states"], "shard 1")]
     rows = len(TGT_LENGTHS) - len(TGT_LENGTHS) // 2  # shard 0's sentences

@@ -63,12 +63,60 @@ def test_a_stage_in_a_process_builds_its_own_cells_only(dictionaries, monkeypatc
 
     original = hybrid_group.build_step
 
-    def checked(*args, worker=None, **kwargs):
-        built = original(*args, worker=worker, **kwargs)
+    def checked(*args, worker=None, layout=None, **kwargs):
+        built = original(*args, worker=worker, layout=layout, **kwargs)
         others = [cell.name for cell in built.step.cells if cell.run is not None and cell.worker != worker]
         if worker is None or others:
             raise AssertionError(f"stage built the cells of other workers: {others or 'all'}")
+        if layout is None:
+            raise AssertionError("stage laid the batch out itself instead of taking the trainer's layout")
         return built
 
     monkeypatch.setattr(hybrid_group, "build_step", checked)  # what the group hands its stages
     check_equal(["cpu"] * 3, "hybrid", dictionaries, group_options={"hybrid_workers": "processes"})
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_a_worker_builds_from_the_layout_it_receives(micro_batches, dictionaries):
+    """The trainer lays a batch out once (``lay_out_step``); a worker's build
+    from that layout lists the same cells as the whole step's and makes only
+    its own."""
+    from fairseq_hybrid.parallel import lay_out_step
+
+    src_dict, tgt_dict = dictionaries
+    model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **{**LAYERS, "encoder_bidirectional_layers": 1})
+    sample = make_sample(src_dict, tgt_dict, SRC_LENGTHS, TGT_LENGTHS)
+    plan = build_plan("cpu,cpu,cpu", "", "hybrid", 4, 4)
+    whole = build_step(model, plan, sample["net_input"], sample["target"], None, 2, micro_batches)
+    layout = lay_out_step(model, plan, sample["net_input"], sample["target"], 2, micro_batches)
+    assert len(layout.micro_batches) == micro_batches
+    for worker in range(3):
+        mine = build_step(model, plan, None, None, None, worker=worker, layout=layout)
+        assert shape(mine) == shape(whole) and mine.results == whole.results
+        assert [cell.name for cell in mine.step.cells if cell.run is not None] == \
+            [cell.name for cell in whole.step.cells if cell.worker == worker]
+
+
+def test_a_shape_is_listed_once(dictionaries, monkeypatch):
+    """Steps of one shape share one skeleton (cells, orders, routes), listed
+    at the first of them; a batch of another shape lists its own."""
+    from fairseq_hybrid.parallel.recipe import step_skeleton
+
+    listed = []
+    original = step_skeleton._list
+    monkeypatch.setattr(step_skeleton, "_list", lambda *args: listed.append(args) or original(*args))
+    monkeypatch.setattr(step_skeleton, "_kept", {})
+    src_dict, tgt_dict = dictionaries
+    model = build_model("hybrid_lstm_tiny", src_dict, tgt_dict, **LAYERS)
+    plan = build_plan("cpu,cpu", "", "hybrid", 4, 4)
+    first = build_step(model, plan, *_batch(src_dict, tgt_dict, [5, 3, 4], [4, 6, 2]), None)
+    again = build_step(model, plan, *_batch(src_dict, tgt_dict, [7, 2, 6], [3, 5, 5]), None, worker=1)
+    assert len(listed) == 1 and again.wiring is first.wiring
+    assert [cell.name for cell in again.step.cells] == [cell.name for cell in first.step.cells]
+    build_step(model, plan, *_batch(src_dict, tgt_dict, [5, 3, 4], [4, 6, 2]), None, 3)  # chunks of 3 steps
+    assert len(listed) == 2
+
+
+def _batch(src_dict, tgt_dict, source_lengths, target_lengths):
+    sample = make_sample(src_dict, tgt_dict, source_lengths, target_lengths)
+    return sample["net_input"], sample["target"]

@@ -37,7 +37,7 @@ from .processes.host_wire import HostWire, wire_ends
 from .processes.stage import watch_parent
 from .processes.stage_processes import StageProcesses
 from .recipe.single_device_masks import draw_single_device_masks
-from .step import StepShape, WorkerThreads, build_step, run_step
+from .step import StepShape, WorkerThreads, build_step, lay_out_step, run_step
 from .runtime.thread_state import step_scope
 from .runtime.wavefront import CellSpec, clocks
 from .runtime.worker import DEFAULT_TIMEOUT
@@ -46,7 +46,7 @@ __all__ = [
     "AUTO", "Cell", "CellSpec", "CellTime", "DEFAULT_TIMEOUT", "DevicePlan", "DevicePlanError", "DeviceUsage",
     "GpuWire", "HostWire", "MODES", "ModelReplicas", "SeededDropout", "StageProcesses", "StepShape", "Work", "WorkerThreads", "batch_slices", "build_plan", "build_step",
     "check_options", "chunk_length_option", "draw_single_device_masks", "clocks", "default_placement", "host_of", "keep_on_host",
-    "labelled_cells", "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text",
+    "labelled_cells", "lay_out_step", "micro_batches_option", "on_host", "parse_devices", "parse_placement", "placement_text",
     "plan_table", "record_cell_times", "run_step", "softmax_chunks_option", "softmax_groups", "step_scope",
     "time_chunks", "watch_parent", "wire_ends",
 ]

@@ -3,7 +3,8 @@
 (:mod:`.hybrid_cells`, :mod:`.data_parallel_cells`), and run on the
 group's workers with its replicas.  A group calls one function whatever
 its workers: ``loss_sums`` of :class:`WorkerThreads` here, or of
-:class:`.stage_processes.StageProcesses`, which hands its stages
+:class:`.stage_processes.StageProcesses`, which lays each batch out once
+(:func:`lay_out_step`) and hands its stages the layout and
 :func:`build_step`."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .runtime.replicas import ModelReplicas
 from .runtime.shard_sums import sum_on
 from .recipe.single_device_masks import SingleDeviceMasks
 from .recipe.staging import stage_step
+from .recipe.step_layout import StepLayout, lay_out_step
 from .recipe.step_builder import BuiltStep
 from .runtime.worker import DEFAULT_TIMEOUT, worker_group
 
@@ -56,7 +58,8 @@ class WorkerThreads:
 def build_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, shard_loss,
                chunk_length: int = 0, micro_batches: int = 1, replicas: Optional[ModelReplicas] = None,
                single_device_masks: bool = False, masks: Optional[SingleDeviceMasks] = None,
-               softmax_chunks: int = 1, worker: Optional[int] = None) -> BuiltStep:
+               softmax_chunks: int = 1, worker: Optional[int] = None,
+               layout: Optional[StepLayout] = None) -> BuiltStep:
     """The step's cells in the plan's mode.  ``micro_batches``: how many
     (:mod:`.batch_rows`); ``softmax_chunks``: the target chunks one
     attention-softmax cell takes (1: a cell per chunk, which starts as
@@ -67,9 +70,12 @@ def build_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Te
     ``worker``: build only that worker's cells (a stage in a process of its
     own): every cell is still there, with its worker, inputs and outputs,
     so that the orders and messages are the same everywhere, but only that
-    worker's can run, and only its part of the batch is staged."""
+    worker's can run, and only its part of the batch is staged;
+    ``layout``: the batch laid out already (:func:`.step_layout.lay_out_step`:
+    by the trainer, for stages in processes of their own), which then
+    stands for the batch and the options that cut it."""
     staged = stage_step(model, plan, net_input, target, chunk_length, micro_batches, single_device_masks, masks,
-                        softmax_chunks, worker)
+                        softmax_chunks, worker, layout)
     cells = data_parallel_cells if plan.mode == "data" else hybrid_cells
     return cells(model, plan, staged, shard_loss, replicas, worker)
 
@@ -94,5 +100,6 @@ def run_step(built: BuiltStep, timeout: float = DEFAULT_TIMEOUT,
             replicas.reduce([use.worker for use in built.replica_uses if id(use.replicas) == key])
 
     results = run_cells(step.cells, worker_group(step.devices), built.results, after_backward=reduce,
-                        timeout=timeout, report_usage=report_usage, after_last_backward=sends)
+                        timeout=timeout, report_usage=report_usage, after_last_backward=sends,
+                        wiring=built.wiring)
     return sum_on(results, results[0][0].device)

@@ -2,9 +2,9 @@
 steps (``--hybrid-workers processes``), in the spirit of
 ``torch.distributed.pipelining``'s ``stage.py``.
 
-Every stage builds its own cells of the step from the batch the trainer
-sends (the builder the trainer hands it, so the same cells, orders and
-dropout seeds as threads; the other workers' cells without their code) and
+Every stage builds its own cells of the step from the batch's layout the
+trainer sends (the builder the trainer hands it, so the same cells, orders
+and dropout seeds as threads; the other workers' cells without their code) and
 runs them, forward in wavefront order and backward in the reverse order,
 through :class:`~.cell_graph.CellGraph` itself with the channel
 :class:`~.channels.OverWire`: where an input comes from another device (or
@@ -95,16 +95,15 @@ class Stage:
         self.graph = self.built = None  # a forward without a backward before (validation) is dropped
         self.model.train(step["training"])
         with ThreadState(step["grad_enabled"], tuple(step["autocast"]), ()).entered():  # the trainer's
-            built = self.build(self.model, self.plan, step["net_input"], step["target"], step["shard_loss"],
-                               step["chunk_length"], step["micro_batches"], self.replicas, masks=step["masks"],
-                               softmax_chunks=step["softmax_chunks"], worker=self.me)
+            built = self.build(self.model, self.plan, None, None, step["shard_loss"], replicas=self.replicas,
+                               worker=self.me, layout=step["layout"])
             self._refresh_replicas(built)
             channel = OverWire(self.me, self.wire, self._say) if self.wire is not None else InProcess(
                 self._say)
             hand_offs = [(use.cells, partial(self._hand_off, use)) for use in built.replica_uses + built.master_uses
                          if use.worker == self.me]
             graph = CellGraph(built.step.cells, _Devices(self.plan.devices), step["seed"], channel=channel,
-                              after_last_backward=hand_offs)
+                              after_last_backward=hand_offs, wiring=built.wiring)
             graph.forward_of(self.me)
         results = {}
         for cell in built.results:

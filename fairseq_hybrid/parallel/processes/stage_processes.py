@@ -35,7 +35,6 @@ import torch.multiprocessing  # noqa: F401  (registers torch's reductions: share
 from torch import Tensor
 
 from ..runtime.cell_times import DeviceUsage
-from ..runtime.host_batch import host_of, on_host
 from . import plain_tensors
 from .host_wire import wire_ends
 from ..runtime.shard_sums import sum_on
@@ -56,13 +55,14 @@ class StageProcesses:
 
     start_method: Optional[str] = None  # multiprocessing's; None: fork for CPU groups, spawn with CUDA
 
-    def __init__(self, model, plan, timeout: float, build: Callable, draw_masks: Callable):
-        """``build``: how a stage builds its cells of a step
-        (:func:`.step.build_step`); ``draw_masks``: how the trainer draws
-        a step's single-device dropout masks for every stage
-        (:func:`.single_device_masks.draw_single_device_masks`); both
-        handed over, so that the runtime does not import a step's recipe."""
-        self.model, self.plan, self.timeout, self.build, self.draw_masks = model, plan, timeout, build, draw_masks
+    def __init__(self, model, plan, timeout: float, build: Callable, lay_out: Callable):
+        """``build``: how a stage builds its cells of a step from its
+        layout (:func:`.step.build_step`); ``lay_out``: how the trainer
+        lays a step's batch out once for every stage, its single-device
+        dropout masks drawn from its own generator
+        (:func:`.step_layout.lay_out_step`); both handed over, so that the
+        runtime does not import a step's recipe."""
+        self.model, self.plan, self.timeout, self.build, self.lay_out = model, plan, timeout, build, lay_out
         self.params = list(model.parameters())
         self.processes: List = []
         self.peak_mib: List[float] = []
@@ -157,16 +157,13 @@ class StageProcesses:
         gets how busy each device was (each stage's time in its cells)."""
         self._ready()
         self.report_usage = report_usage
-        masks = None
-        if shape.single_device_masks:  # drawn here, from the trainer's generator, as one device draws them
-            masks = self.draw_masks(self.model, net_input["src_tokens"].size(1),
-                                    net_input["prev_output_tokens"].size(1), target.size(0))
+        # laid out once for every stage, the single-device masks drawn from the trainer's generator
+        layout = self.lay_out(self.model, self.plan, net_input, target, shape.chunk_length, shape.micro_batches,
+                              shape.single_device_masks, None, shape.softmax_chunks)
         grad_enabled = torch.is_grad_enabled()
         seed = int(torch.randint(0, 1 << 62, ()).item()) if grad_enabled else 0
         state = capture()  # the stages' autocast; what other modules carry into the backward (the test harness)
-        step = {"net_input": on_host(net_input),
-                "target": host_of(target), "shard_loss": shard_loss, "chunk_length": shape.chunk_length,
-                "micro_batches": shape.micro_batches, "softmax_chunks": shape.softmax_chunks, "masks": masks,
+        step = {"layout": layout, "shard_loss": shard_loss,
                 "seed": seed, "grad_enabled": grad_enabled, "autocast": state.autocast, "training": self.model.training}
         try:
             message = plain_tensors.dumps(("forward", step))

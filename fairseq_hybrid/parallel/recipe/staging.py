@@ -17,11 +17,10 @@ import torch
 from torch import Tensor
 
 from ...kernels.fused_output_loss import KeptTargets, kept_targets
-from ...kernels.sorted_packing import PackedLayout, chunk_values, sorted_values, values_layout
-from .batch_rows import MicroBatch, micro_batches_of, step_rows, softmax_groups, time_chunks
+from ...kernels.sorted_packing import PackedLayout
 from .device_plan import DevicePlan
-from ..runtime.host_batch import host_of, on_host
-from .single_device_masks import SingleDeviceMasks, draw_single_device_masks
+from .single_device_masks import SingleDeviceMasks
+from .step_layout import BatchLayout, StepLayout, lay_out_step
 from ..runtime.stream_handoff import arrive, to_devices
 
 
@@ -48,25 +47,21 @@ class StagedStep(NamedTuple):
 def stage_step(model, plan: DevicePlan, net_input: Dict[str, Tensor], target: Tensor, chunk_length: int = 0,
                micro_batches: int = 1, single_device_masks: bool = False,
                masks: Optional[SingleDeviceMasks] = None, softmax_chunks: int = 1,
-               only: Optional[int] = None) -> StagedStep:
-    """The step's batch, from the host's copy, cut where
-    :func:`.batch_rows.step_rows` decides and put on its devices.
-    ``masks``: the single-device masks drawn already (by the trainer, for
-    stages in processes of their own); else drawn here for the whole batch
-    with ``single_device_masks``, as the single-device model draws them.
-    ``only``: stage what that worker's cells read, and no other's."""
-    net_input, target = on_host(net_input), host_of(target)
-    if single_device_masks and masks is None:
-        masks = draw_single_device_masks(model, net_input["src_tokens"].size(1),
-                                         net_input["prev_output_tokens"].size(1), target.size(0))
-    pad = model.decoder.dictionary.pad()
-    pieces = step_rows(plan, net_input, target, micro_batches, pad)
+               only: Optional[int] = None, layout: Optional[StepLayout] = None) -> StagedStep:
+    """The step's batch put on its devices, from its layout
+    (:func:`.step_layout.lay_out_step`, made here from the other
+    arguments when not given).  ``only``: stage what that worker's cells
+    read, and no other's."""
+    if layout is None:
+        layout = lay_out_step(model, plan, net_input, target, chunk_length, micro_batches, single_device_masks, masks,
+                              softmax_chunks)
     if plan.mode == "data":
-        return StagedStep([], [_stage_shard(net_input, target, masks, worker, rows, plan.devices[worker], pad)
+        pad = model.decoder.dictionary.pad()
+        return StagedStep([], [_stage_shard(layout.net_input, layout.target, layout.masks, worker, rows,
+                                            plan.devices[worker], pad)
                                if reads(only, {worker}) else StagedShard(worker, rows, {}, None, None, None)
-                               for worker, rows in pieces[0].shards])
-    return StagedStep([StagedBatch(model, plan, part, chunk_length, softmax_chunks, only)
-                       for part in micro_batches_of(net_input, target, masks, pieces)], [])
+                               for worker, rows in layout.shards])
+    return StagedStep([StagedBatch(model, plan, part, only) for part in layout.micro_batches], [])
 
 
 def reads(only: Optional[int], workers) -> bool:
@@ -90,74 +85,55 @@ def _kept_on(target: Tensor, pad: int, device: torch.device) -> KeptTargets:
     return KeptTargets(*(arrive(t, device) for t in kept_targets(target, pad)))
 
 
-def _packed_layouts(values: Tuple[int, ...], width: int, rows: int,
-                    devices) -> Dict[torch.device, Optional[PackedLayout]]:
-    """The packed layout of the running rows of checked ``values`` (lengths
-    sorted longest first, :func:`.sorted_values`) among ``rows`` on each of
-    ``devices``; None on each where no row runs."""
-    if not values:
+def _on_devices(layout: Optional[PackedLayout], devices) -> Dict[torch.device, Optional[PackedLayout]]:
+    """A host packed layout on each of ``devices`` (None on each where no row runs)."""
+    if layout is None:
         return {device: None for device in devices}
-    positions, batch_sizes = values_layout(values, width)
-    full = len(values) == rows and values[-1] == width
-    return {device: PackedLayout(on_device, batch_sizes, len(values), full)
-            for device, on_device in to_devices(positions, devices).items()}
+    return {device: layout._replace(positions=on_device)
+            for device, on_device in to_devices(layout.positions, devices).items()}
 
 
 class StagedBatch:
     """What the cell builders of one micro-batch of a ``hybrid`` or
-    ``model`` step need to know about it (the length order of the encoder
-    rows, the time chunks, the attention-softmax part's shards, the
-    dropout masks to take), and its tensors on the devices of the cells
-    that read them."""
+    ``model`` step need to know about it (its layout: the length order of
+    the encoder rows, the time chunks, the attention-softmax part's shards,
+    the dropout masks to take), and its tensors on the devices of the cells
+    that read them (``only``: of that worker's cells alone)."""
 
-    def __init__(self, model, plan: DevicePlan, part: MicroBatch, chunk_length: int, softmax_chunks: int = 1,
-                 only: Optional[int] = None):
-        net_input, target, masks, shards = part.net_input, part.target, part.masks, part.shards
-        self.index, self.name = part.index, part.name
+    def __init__(self, model, plan: DevicePlan, layout: BatchLayout, only: Optional[int] = None):
         encoder = model.encoder.stack
         devices = plan.devices
-        src_tokens = net_input["src_tokens"]  # host tensors, all of them
-        src_lengths = net_input["src_lengths"]
-        self.order = torch.sort(src_lengths, descending=True, stable=True).indices
-        self.restore = torch.argsort(self.order)
-        self.sorted_lengths = src_lengths[self.order]
-        self.source_width = src_tokens.size(1)
-        self.rows = src_tokens.size(0)
-        # the lengths once as checked ints, from which every time chunk's are made
-        values = sorted_values(self.sorted_lengths, self.source_width)
-        self.source_tokens = sum(values)
-        self.source_chunks = time_chunks(self.source_width, chunk_length, plan.size)
-        chunk_rows = [chunk_values(values, chunk.start, chunk.stop - chunk.start) for chunk in self.source_chunks]
-        self.chunk_tokens = [sum(chunk) for chunk in chunk_rows]  # for the cost models, once for every layer
-        self.target_chunks = time_chunks(net_input["prev_output_tokens"].size(1), chunk_length, plan.size)
-        # the target chunks each attention-softmax cell takes, and the time steps they span
-        self.softmax_groups = softmax_groups(len(self.target_chunks), softmax_chunks)
-        self.softmax_spans = [slice(self.target_chunks[group[0]].start, self.target_chunks[group[-1]].stop)
-                              for group in self.softmax_groups]
-        self.shards = [rows for _, rows in shards]
-        self.shard_workers = [worker for worker, _ in shards]
+        self.layout = layout
+        self.index, self.name = layout.index, layout.name
+        self.order, self.restore, self.sorted_lengths = layout.order, layout.restore, layout.sorted_lengths
+        self.source_width, self.rows = layout.source_width, len(layout.order)
+        self.source_tokens, self.chunk_tokens = layout.source_tokens, layout.chunk_tokens
+        self.source_chunks, self.target_chunks = layout.source_chunks, layout.target_chunks
+        self.softmax_groups, self.softmax_spans = layout.softmax_groups, layout.softmax_spans
+        self.shards = [rows for _, rows in layout.shards]
+        self.shard_workers = [worker for worker, _ in layout.shards]
         self.shard_devices = [devices[worker] for worker in self.shard_workers]
-        self.masks = masks
+        self.masks = layout.masks
+        src_tokens, target = layout.net_input["src_tokens"], layout.target  # host tensors
 
         # The batch on the devices of the cells that read it; the source right-padded only where
         # a worker reads it (the whole batch, or each of its shards).
         padded = encoder.right_padded(src_tokens) if reads(only, {plan.encoder[0]}) else None
         self.sorted_source = arrive(padded.index_select(0, self.order), plan.encoder_device(0)) \
             if padded is not None else None
-        self.prev_output_tokens = arrive(net_input["prev_output_tokens"], plan.decoder_device(0))
-        self.restore_on = to_devices(self.restore, devices)
+        self.prev_output_tokens = arrive(layout.net_input["prev_output_tokens"], plan.decoder_device(0)) \
+            if reads(only, {plan.decoder[0]}) else None
+        mine = devices if only is None else [devices[only]]  # the devices this build's cells run on
+        self.restore_on = to_devices(self.restore, mine)
         # The packed layout of the encoder's rows, whole (the directions of a
         # bidirectional layer) and per time chunk (the rows still running),
         # sent with the batch: one gather per cell instead of a copy per step
         # (each only for a worker whose cells read it).
         runs = encoder_workers(model, plan)
-        self.reversed_positions = to_devices(encoder.reversed_positions(self.sorted_lengths, self.source_width),
-                                             devices) if reads(only, runs.reverse) else {}
-        self.packed_layouts = _packed_layouts(values, self.source_width, self.rows, devices) \
-            if reads(only, runs.directions) else {}
-        self.chunk_layouts = [_packed_layouts(chunk, source.stop - source.start, self.rows, devices)
-                              if reads(only, runs.chunks) else _Absent()
-                              for chunk, source in zip(chunk_rows, self.source_chunks)]
+        self.reversed_positions = to_devices(layout.reversed_positions, mine) if reads(only, runs.reverse) else {}
+        self.packed_layouts = _on_devices(layout.packed, mine) if reads(only, runs.directions) else {}
+        self.chunk_layouts = [_on_devices(chunk, mine) if reads(only, runs.chunks) else _Absent()
+                              for chunk in layout.chunk_packed]
         pad = model.decoder.dictionary.pad()
         self.padding_masks, self.targets, self.kept = [], [], []
         for rows, worker, device in zip(self.shards, self.shard_workers, self.shard_devices):

@@ -17,6 +17,7 @@ from ..runtime.cell_graph import Cell, Work
 from .device_plan import DevicePlan
 from ..runtime.replicas import ModelReplicas, Replicas
 from ..runtime.wavefront import Ref
+from ..runtime.wiring import Wiring
 
 
 def chunk_names(count: int) -> List[str]:
@@ -88,6 +89,8 @@ class BuiltStep(NamedTuple):
     # the master's own worker's cells on a replicated part (the attention-softmax), whose gradients are
     # complete after the last of them: a stage in a process of its own hands them over then
     master_uses: Tuple[ReplicaUse, ...] = ()
+    # the cells' orders, readers and routes, kept with their shape's skeleton (None: the graph makes them)
+    wiring: Optional[Wiring] = None
 
 
 def replica_uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[ReplicaUse]:

@@ -46,7 +46,8 @@ from . import seeded_dropout
 from .cell_times import DeviceUsage, label_call, note_call
 from .channels import InProcess
 from .stream_handoff import arrive, record_event
-from .wavefront import CellSpec, Ref, worker_orders
+from .wavefront import CellSpec, Ref
+from .wiring import Wiring
 from .worker import DEFAULT_TIMEOUT, Aborted, WorkerGroup, current_worker
 
 
@@ -94,7 +95,7 @@ class CellGraph:
                  after_backward: Callable[[], None] = lambda: None, timeout: float = DEFAULT_TIMEOUT,
                  report_usage: Optional[Callable[[DeviceUsage], None]] = None,
                  after_last_backward: Sequence[Tuple[Sequence[int], Callable[[], None]]] = (),
-                 channel: Optional[InProcess] = None):
+                 channel: Optional[InProcess] = None, wiring: Optional[Wiring] = None):
         self.cells = list(cells)
         self.channel = channel or InProcess()
         self.report_usage = report_usage
@@ -104,19 +105,20 @@ class CellGraph:
         self.after_backward = after_backward
         self.group = group
         self.seed = seed
-        specs = [CellSpec(cell.worker, cell.inputs, cell.not_before) for cell in self.cells]
-        self.orders = worker_orders(specs, len(group.devices))
+        if wiring is None:
+            wiring = Wiring([CellSpec(cell.worker, cell.inputs, cell.not_before) for cell in self.cells],
+                            len(group.devices))
+        elif len(wiring) != len(self.cells):
+            raise ValueError(f"a wiring of {len(wiring)} cells for {len(self.cells)} cells")
+        self.wiring = wiring
+        self.orders = wiring.orders
+        self.consumers = wiring.consumers  # shared by every step of the shape: read only
         count = len(self.cells)
         self.outputs: List[Optional[Tuple[Tensor, ...]]] = [None] * count
         self.leaves: List[Optional[List[Tensor]]] = [None] * count
         self.events: List[Optional[object]] = [None] * count
         self.forward_done = [threading.Event() for _ in range(count)]
         self.backward_done = [threading.Event() for _ in range(count)]
-        self.consumers: List[List[int]] = [[] for _ in range(count)]
-        for index, cell in enumerate(self.cells):
-            for producer, _ in cell.inputs:
-                if index not in self.consumers[producer]:
-                    self.consumers[producer].append(index)
         self.grads: Dict[Ref, Dict[int, Tuple[Tensor, Optional[object]]]] = {}
         self.aborted = False
         # hooks run on a worker right after the backward of the last of their
@@ -329,7 +331,7 @@ class _Boundary(torch.autograd.Function):
 def run_cells(
     cells: Sequence[Cell], group: WorkerGroup, results: Sequence[int], after_backward: Callable[[], None] = lambda: None,
     timeout: float = DEFAULT_TIMEOUT, report_usage: Optional[Callable[[DeviceUsage], None]] = None,
-    after_last_backward: Sequence[Tuple[Sequence[int], Callable[[], None]]] = (),
+    after_last_backward: Sequence[Tuple[Sequence[int], Callable[[], None]]] = (), wiring: Optional[Wiring] = None,
 ) -> List[Tuple[Tensor, ...]]:
     """Run ``cells`` on ``group`` and return the outputs of the cells
     ``results``.  Under grad mode their floating-point outputs carry the
@@ -337,10 +339,11 @@ def run_cells(
     ``report_usage`` gets the step's :class:`DeviceUsage` (both on the
     caller's thread, once every worker is done).  ``after_last_backward``:
     ``(cells, hook)`` pairs, each hook run on its cells' worker as soon as
-    the last of them has run backward there.  A phase that takes longer
+    the last of them has run backward there; ``wiring``: the cells' own,
+    when their shape's is kept (:mod:`.wiring`).  A phase that takes longer
     than ``timeout`` seconds raises :class:`.worker.WorkerTimeout`."""
     seed = int(torch.randint(0, 1 << 62, ()).item()) if torch.is_grad_enabled() else 0
-    graph = CellGraph(cells, group, seed, after_backward, timeout, report_usage, after_last_backward)
+    graph = CellGraph(cells, group, seed, after_backward, timeout, report_usage, after_last_backward, wiring=wiring)
     graph.forward()
     refs = [(cell, position) for cell in results for position in range(len(graph.outputs[cell]))]
     if not torch.is_grad_enabled():

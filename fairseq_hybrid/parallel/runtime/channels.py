@@ -74,6 +74,27 @@ class OverWire(InProcess):
         self.remote: Dict[Ref, Tensor] = {}
 
     def bind(self, graph) -> None:
+        # who reads each output on another stage, and what each stage sends this one, in its own order
+        self.readers, self.sent_refs, self.forward_from, self.backward_from = graph.wiring.routes(self.me)
+
+    def start(self, graph, phase: str) -> None:
+        """A pass of this worker's cells begins (``forward``, ``backward``)."""
+
+    def finish(self, graph, phase: str) -> None:
+        """A pass of this worker's cells is done."""
+        self.say("idle")
+
+
+class OverWire(InProcess):
+    """Worker ``me``'s cells in this process (a stage); the others' outputs
+    and gradients through ``wire``; ``say`` reports what it waits for."""
+
+    def __init__(self, me: int, wire, say: Callable[[str], None] = lambda text: None):
+        super().__init__(say)
+        self.me, self.wire = me, wire
+        self.remote: Dict[Ref, Tensor] = {}
+
+    def bind(self, graph) -> None:
         me, cells = self.me, graph.cells
         worker_of = [cell.worker for cell in cells]
         # who reads each output on another stage, and what each stage sends this one, in its own order
