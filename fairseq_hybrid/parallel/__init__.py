@@ -37,7 +37,8 @@ from .processes.host_wire import HostWire, wire_ends
 from .processes.stage import watch_parent
 from .processes.stage_processes import StageProcesses
 from .recipe.single_device_masks import draw_single_device_masks
-from .step import StepShape, WorkerThreads, build_step, lay_out_step, run_step
+from .recipe.step_layout import lay_out_step
+from .step import StepShape, WorkerThreads, build_step, run_step
 from .runtime.thread_state import step_scope
 from .runtime.wavefront import CellSpec, clocks
 from .runtime.worker import DEFAULT_TIMEOUT

@@ -4,7 +4,7 @@
 group's workers with its replicas.  A group calls one function whatever
 its workers: ``loss_sums`` of :class:`WorkerThreads` here, or of
 :class:`.stage_processes.StageProcesses`, which lays each batch out once
-(:func:`lay_out_step`) and hands its stages the layout and
+(:func:`.step_layout.lay_out_step`) and hands its stages the layout and
 :func:`build_step`."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .runtime.replicas import ModelReplicas
 from .runtime.shard_sums import sum_on
 from .recipe.single_device_masks import SingleDeviceMasks
 from .recipe.staging import stage_step
-from .recipe.step_layout import StepLayout, lay_out_step
+from .recipe.step_layout import StepLayout
 from .recipe.step_builder import BuiltStep
 from .runtime.worker import DEFAULT_TIMEOUT, worker_group
 

@@ -4,14 +4,16 @@ indices, packed layouts, padding masks, target positions that count,
 dropout masks) made on the host and put on the device of the cells that
 read it, so that a cell never copies from the host nor waits for it.
 
-Everything is made from the host's batch (:mod:`.host_batch`) and copied
-from pinned memory where the devices queue copies (:mod:`..runtime.stream_handoff`):
-staging never waits for a device, which on GPUs would stall every worker.
+Everything is made from the batch's layout on the host (:mod:`.step_layout`,
+made once for every worker) and copied from pinned memory where the devices
+queue copies (:mod:`..runtime.stream_handoff`): staging never waits for a
+device, which on GPUs would stall every worker.  A worker in a process of
+its own stages what its own cells read, on its own device only.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor

@@ -3,7 +3,8 @@ names their readers refer to them by, and the replicas they use.
 
 Every cell names its outputs (``"h"``, ``"c"``, ``"chunk 2"``,
 ``"shard 1"``) and its readers refer to them by name
-(:meth:`StepBuilder.ref`).
+(:meth:`StepBuilder.ref`; a ``hybrid`` step's are listed by
+:mod:`.step_skeleton`, once per shape).
 """
 
 from __future__ import annotations
@@ -41,14 +42,12 @@ class StepBuilder:
         self.replicas = replicas
         self.devices = plan.devices
         self.cells: List[Cell] = []
-        self.prefix = ""  # names the micro-batch of the cells being added
-        self.not_before = 0  # and the clock it enters the wavefront
 
     def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
             work: Optional[Work] = None, outputs: Optional[Sequence[str]] = None) -> int:
         mine = self.only is None or worker == self.only
-        self.cells.append(Cell(self.prefix + name, worker, list(inputs), run if mine else None,
-                               work if mine else None, tuple(outputs) if outputs else None, self.not_before))
+        self.cells.append(Cell(name, worker, list(inputs), run if mine else None,
+                               work if mine else None, tuple(outputs) if outputs else None))
         return len(self.cells) - 1
 
     def builds(self, worker: int) -> bool:
@@ -95,17 +94,3 @@ class BuiltStep(NamedTuple):
 
 def replica_uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[ReplicaUse]:
     return [ReplicaUse(replicas, worker, tuple(indices), home) for worker, indices in sorted(cells.items())]
-
-
-def merged_uses(uses: Sequence[ReplicaUse]) -> List[ReplicaUse]:
-    """The uses of one replica by one worker joined into one (its cells of
-    every micro-batch): one parameter copy, one gradient send after the
-    last of them."""
-    merged: Dict[Tuple[int, int], ReplicaUse] = {}
-    for use in uses:
-        key = (id(use.replicas), use.worker)
-        if key in merged:
-            merged[key] = merged[key]._replace(cells=merged[key].cells + use.cells)
-        else:
-            merged[key] = use
-    return list(merged.values())

@@ -16,7 +16,7 @@ differs:
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -76,46 +76,6 @@ class OverWire(InProcess):
     def bind(self, graph) -> None:
         # who reads each output on another stage, and what each stage sends this one, in its own order
         self.readers, self.sent_refs, self.forward_from, self.backward_from = graph.wiring.routes(self.me)
-
-    def start(self, graph, phase: str) -> None:
-        """A pass of this worker's cells begins (``forward``, ``backward``)."""
-
-    def finish(self, graph, phase: str) -> None:
-        """A pass of this worker's cells is done."""
-        self.say("idle")
-
-
-class OverWire(InProcess):
-    """Worker ``me``'s cells in this process (a stage); the others' outputs
-    and gradients through ``wire``; ``say`` reports what it waits for."""
-
-    def __init__(self, me: int, wire, say: Callable[[str], None] = lambda text: None):
-        super().__init__(say)
-        self.me, self.wire = me, wire
-        self.remote: Dict[Ref, Tensor] = {}
-
-    def bind(self, graph) -> None:
-        me, cells = self.me, graph.cells
-        worker_of = [cell.worker for cell in cells]
-        # who reads each output on another stage, and what each stage sends this one, in its own order
-        self.readers: Dict[Ref, List[int]] = {}
-        for cell in cells:
-            for ref in cell.inputs:
-                if worker_of[ref[0]] != cell.worker and cell.worker not in self.readers.setdefault(tuple(ref), []):
-                    self.readers[tuple(ref)].append(cell.worker)
-        self.sent_refs: Dict[int, List[Ref]] = {}  # by cell: its outputs another stage reads, in order
-        for ref in sorted(self.readers):
-            self.readers[ref].sort()
-            self.sent_refs.setdefault(ref[0], []).append(ref)
-        self.forward_from: Dict[int, List[Ref]] = {}
-        self.backward_from: Dict[int, List[Tuple[int, int]]] = {}
-        for worker, order in enumerate(graph.orders):
-            if worker != me:
-                self.forward_from[worker] = [ref for index in order for ref in self.sent_refs.get(index, ())
-                                             if me in self.readers[ref]]
-                self.backward_from[worker] = [(index, position) for index in reversed(order)
-                                              for position, (producer, _) in enumerate(cells[index].inputs)
-                                              if worker_of[producer] == me]
 
     def start(self, graph, phase: str) -> None:
         expected = self.forward_from if phase == "forward" else self.backward_from
