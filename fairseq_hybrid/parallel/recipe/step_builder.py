@@ -54,11 +54,15 @@ class StepBuilder:
         return self.only is None or worker == self.only
 
     def ref(self, cell: int, output: str) -> Ref:
-        names = self.cells[cell].outputs
-        try:
-            return cell, names.index(output)
-        except (AttributeError, ValueError):  # no names, or not this one
-            raise KeyError(f"cell {self.cells[cell].name!r} has no output {output!r} (it has {names})") from None
+        return named_ref(cell, self.cells[cell].name, self.cells[cell].outputs, output)
+
+
+def named_ref(cell: int, name: str, names: Optional[Sequence[str]], output: str) -> Ref:
+    """Output ``output`` of cell number ``cell`` (``name``, whose outputs are ``names``)."""
+    try:
+        return cell, names.index(output)
+    except (AttributeError, ValueError):  # no names, or not this one
+        raise KeyError(f"cell {name!r} has no output {output!r} (it has {names})") from None
 
 
 def join(parts: Sequence[Tensor], chunked: bool = False) -> Tensor:

@@ -21,7 +21,7 @@ from ..runtime.wiring import Wiring
 from .cell_kinds import (AttentionSoftmax, DecoderChunk, EncoderChunk, EncoderDirection, EncoderTop, SourceEmbedding,
                          TargetEmbedding)
 from .device_plan import DevicePlan
-from .step_builder import chunk_names, shard_names
+from .step_builder import chunk_names, named_ref, shard_names
 
 KEPT = 256  # skeletons kept (a run meets a handful of shapes; more than this, and the oldest go)
 
@@ -90,11 +90,7 @@ class _Listing:
         return len(self.entries) - 1
 
     def ref(self, cell: int, output: str) -> Ref:
-        names = self.entries[cell].outputs
-        try:
-            return cell, names.index(output)
-        except (AttributeError, ValueError):  # no names, or not this one
-            raise KeyError(f"cell {self.entries[cell].name!r} has no output {output!r} (it has {names})") from None
+        return named_ref(cell, self.entries[cell].name, self.entries[cell].outputs, output)
 
 
 _kept: Dict[tuple, Skeleton] = {}
