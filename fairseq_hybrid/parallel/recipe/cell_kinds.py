@@ -208,19 +208,19 @@ class DecoderChunk(NamedTuple):
 class AttentionSoftmax(NamedTuple):
     """Batch shard ``shard`` of the attention-softmax part over the target
     chunks of softmax group ``group``, on ``worker`` (with its replica of
-    the part, or the master on the master's worker ``master``), ending in
-    the criterion's summed loss; its output layer's gradient goes into the
-    worker's sink."""
+    the part, or the master on the master's own worker, the first decoder
+    layer's), ending in the criterion's summed loss; its output layer's
+    gradient goes into the worker's sink."""
 
     shard: int
     group: int
     worker: int
-    master: int
 
     def make(self, making: Making, batch: StagedBatch) -> Made:
         step = making.step
         plan, part = making.plan, making.part
-        k, g, worker, master = self
+        k, g, worker = self
+        master = plan.decoder[0]
         replicas = step.replicas.attention_softmax()
         device = plan.devices[worker]
         sink, shard_loss = making.sinks[worker], making.shard_loss

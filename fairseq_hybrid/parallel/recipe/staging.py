@@ -105,7 +105,6 @@ class StagedBatch:
     def __init__(self, model, plan: DevicePlan, layout: BatchLayout, only: Optional[int] = None):
         encoder = model.encoder.stack
         devices = plan.devices
-        self.layout = layout
         self.index, self.name = layout.index, layout.name
         self.order, self.restore, self.sorted_lengths = layout.order, layout.restore, layout.sorted_lengths
         self.source_width, self.rows = layout.source_width, len(layout.order)

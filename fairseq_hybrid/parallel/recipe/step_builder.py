@@ -45,7 +45,7 @@ class StepBuilder:
 
     def add(self, name: str, worker: int, inputs: Sequence[Ref], run: Callable[..., Sequence[Tensor]],
             work: Optional[Work] = None, outputs: Optional[Sequence[str]] = None) -> int:
-        mine = self.only is None or worker == self.only
+        mine = self.builds(worker)
         self.cells.append(Cell(name, worker, list(inputs), run if mine else None,
                                work if mine else None, tuple(outputs) if outputs else None))
         return len(self.cells) - 1

@@ -102,13 +102,13 @@ def skeleton_of(model, plan: DevicePlan, shapes: Sequence[BatchShape]) -> Skelet
     encoder = model.encoder.stack
     bidirectional = tuple(bool(module.bidirectional) for module in encoder.layers)
     reverse = tuple(plan.reverse_worker(layer) if flag else -1 for layer, flag in enumerate(bidirectional))
-    key = (plan.size, tuple(plan.encoder), tuple(plan.decoder), reverse, bidirectional,
-           len(model.decoder.stack.layers), tuple(shapes))
+    decoder_layers = len(model.decoder.stack.layers)
+    key = (plan.size, tuple(plan.encoder), tuple(plan.decoder), reverse, bidirectional, decoder_layers, tuple(shapes))
     skeleton = _kept.get(key)
     if skeleton is None:
         if len(_kept) >= KEPT:
             _kept.pop(next(iter(_kept)))
-        skeleton = _kept[key] = _list(plan, bidirectional, reverse, len(model.decoder.stack.layers), shapes)
+        skeleton = _kept[key] = _list(plan, bidirectional, reverse, decoder_layers, shapes)
     return skeleton
 
 
@@ -135,7 +135,7 @@ def _list(plan: DevicePlan, bidirectional: Tuple[bool, ...], reverse: Tuple[int,
         top = listing.add("encoder top states", plan.encoder[-1], [ref for chunk in below for ref in chunk],
                           EncoderTop(len(below[0]), len(below)), shard_names(len(shape.shard_workers)))
         decoder_chunks = _list_decoder(listing, plan, decoder_layers, final_states, shape)
-        softmax = _list_attention_softmax(listing, master, top, decoder_chunks, shape)
+        softmax = _list_attention_softmax(listing, top, decoder_chunks, shape)
         results += [cell for _, cell in softmax]
         for worker, cell in softmax:
             if worker == master:
@@ -226,7 +226,7 @@ def _list_decoder(listing: _Listing, plan: DevicePlan, layers: int, final_states
     return chunk_cells
 
 
-def _list_attention_softmax(listing: _Listing, master: int, encoder_top: int, decoder_chunks: List[int],
+def _list_attention_softmax(listing: _Listing, encoder_top: int, decoder_chunks: List[int],
                             shape: BatchShape) -> List[Tuple[int, int]]:
     """One cell per (batch shard, group of time chunks): the shard's device
     starts on a group as soon as the top decoder layer has produced its
@@ -238,5 +238,5 @@ def _list_attention_softmax(listing: _Listing, master: int, encoder_top: int, de
             inputs = [listing.ref(decoder_chunks[c], shard) for c in group] + [listing.ref(encoder_top, shard)]
             chunks = f"chunk {group[0]}" if len(group) == 1 else f"chunks {group[0]}-{group[-1]}"
             cells.append((worker, listing.add(f"attention-softmax {shard} {chunks}", worker, inputs,
-                                              AttentionSoftmax(k, g, worker, master))))
+                                              AttentionSoftmax(k, g, worker))))
     return cells

@@ -10,7 +10,7 @@ it up.
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .wavefront import CellSpec, Ref, worker_orders
 
@@ -42,6 +42,7 @@ class Wiring:
             for producer, _ in inputs:
                 if index not in self.consumers[producer]:
                     self.consumers[producer].append(index)
+        self._sent: Optional[Tuple[Dict[Ref, List[int]], Dict[int, List[Ref]]]] = None  # the same for every worker
         self._routes: Dict[int, Routes] = {}
 
     def __len__(self) -> int:
@@ -53,17 +54,26 @@ class Wiring:
             routes = self._routes[me] = self._routes_of(me)
         return routes
 
+    def _readers(self) -> Tuple[Dict[Ref, List[int]], Dict[int, List[Ref]]]:
+        """The other workers that read each output, and each cell's outputs
+        that another worker reads, in output order (made once)."""
+        if self._sent is None:
+            worker_of = self.workers
+            readers: Dict[Ref, List[int]] = {}
+            for reader, inputs in zip(worker_of, self.inputs):
+                for ref in inputs:
+                    if worker_of[ref[0]] != reader and reader not in readers.setdefault(ref, []):
+                        readers[ref].append(reader)
+            sent_refs: Dict[int, List[Ref]] = {}
+            for ref in sorted(readers):
+                readers[ref].sort()
+                sent_refs.setdefault(ref[0], []).append(ref)
+            self._sent = readers, sent_refs
+        return self._sent
+
     def _routes_of(self, me: int) -> Routes:
         worker_of = self.workers
-        readers: Dict[Ref, List[int]] = {}
-        for reader, inputs in zip(worker_of, self.inputs):
-            for ref in inputs:
-                if worker_of[ref[0]] != reader and reader not in readers.setdefault(ref, []):
-                    readers[ref].append(reader)
-        sent_refs: Dict[int, List[Ref]] = {}
-        for ref in sorted(readers):
-            readers[ref].sort()
-            sent_refs.setdefault(ref[0], []).append(ref)
+        readers, sent_refs = self._readers()
         forward_from: Dict[int, List[Ref]] = {}
         backward_from: Dict[int, List[Tuple[int, int]]] = {}
         for worker, order in enumerate(self.orders):
