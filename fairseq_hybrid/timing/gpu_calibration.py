@@ -10,8 +10,8 @@
   refers to (``gpu_costs.REFERENCE_BATCH``), so that the FLOP rate the plan solves for
   is this device's on this model.
 
-On CPU devices the same code runs as a smoke run; its figures then say
-nothing of a GPU.
+On CPU devices the same code runs as a smoke run, a device a core (one
+device's step too); its figures then say nothing of a GPU.
 """
 
 from __future__ import annotations
@@ -118,6 +118,10 @@ def run(spec: Dict) -> Dict:
     from .command_model import build
 
     devices, steps, reference = spec["devices"], spec["batches"], tuple(spec.get("reference", REFERENCE_BATCH))
+    if torch.device(devices[0]).type == "cpu":
+        # a CPU device is one core, in a group's rows (each worker's one thread) and so for one device too:
+        # with the machine's threads one device's step could be shorter than a group of 1's cells alone
+        torch.set_num_threads(1)
     task, cfg, one, criterion = build(spec["train"], devices[:1], with_batches=False)
     sample = reference_sample(task.source_dictionary, task.target_dictionary, *reference)
     optimizer = torch.optim.Adam(one.parameters(), lr=1e-3)
