@@ -25,11 +25,25 @@ FIXED = {f"{kind}/{phase}": 1e-4 for kind in ("lstm", "attention_softmax", "embe
 
 
 @pytest.mark.parametrize("mode,count,micro_batches", [("hybrid", 2, 1), ("hybrid", 3, 2), ("model", 2, 1)])
-def test_the_messages_counted_are_the_ones_the_stages_send(mode, count, micro_batches, dictionaries):
-    """A step of real stages sends, over both passes, exactly the messages
-    the simulator counts for the same cells (forward: an output once to
-    each worker that reads it; backward: a gradient for every input read
-    from another worker)."""
+def test_the_messages_counted_are_the_ones_the_stages_send(mode, count, micro_batches, dictionaries, monkeypatch):
+    """A step of real stages sends the messages the simulator counts for
+    the same cells (forward: an output once to each worker that reads it,
+    exactly; backward: a gradient for every input read from another
+    worker, less those of values sent as needing none, which only a
+    micro-batch's chunks past all of its sentences are)."""
+    import multiprocessing
+
+    from fairseq_hybrid.parallel.processes.host_wire import HostWire
+
+    by_phase = multiprocessing.get_context("fork").Array("i", 2)  # the stages' sends: forward, backward (known)
+    original = HostWire._send
+
+    def counting(self, peer, tensor, requires_grad, known):
+        with by_phase.get_lock():
+            by_phase[int(known)] += 1
+        return original(self, peer, tensor, requires_grad, known)
+
+    monkeypatch.setattr(HostWire, "_send", counting)
     options = {"hybrid_devices": ",".join(["cpu"] * count), "hybrid_mode": mode, "hybrid_workers": "processes",
                "hybrid_chunk_length": 2, "hybrid_micro_batches": micro_batches}
     _, group, sample = single_and_group(dictionaries, options)
@@ -43,9 +57,54 @@ def test_the_messages_counted_are_the_ones_the_stages_send(mode, count, micro_ba
     hybrid = group.hybrid_group
     built = build_step(group, hybrid.plan, sample["net_input"], sample["target"], None, 2, micro_batches)
     counted = messages(built.step.cells)
-    assert sent == sum(counted["forward"][0]) + sum(counted["backward"][0])
-    assert sum(counted["forward"][0]) == sum(counted["forward"][1]) > 0
+    forward, backward = by_phase
+    assert sent == forward + backward
+    assert forward == sum(counted["forward"][0]) == sum(counted["forward"][1]) > 0
     assert sum(counted["backward"][0]) == sum(counted["backward"][1]) >= sum(counted["forward"][0])
+    if micro_batches == 1:
+        assert backward == sum(counted["backward"][0])
+    else:  # the second micro-batch's sentences end before the batch's last chunks
+        assert 0 < backward < sum(counted["backward"][0])
+
+
+def test_the_gpu_wire_sends_a_header_with_each_activation_and_none_with_a_gradient(dictionaries, monkeypatch):
+    """Stages on the GPU wire (gloo here, as between stages sharing a GPU):
+    every forward message the simulator counts goes with a header, every
+    backward one (a gradient, whose receiver knows its shape) without, and
+    the step equals the threads' to the bit."""
+    import multiprocessing
+
+    from fairseq_hybrid.parallel.processes import stage_processes
+    from fairseq_hybrid.parallel.processes.gpu_wire import GpuWire
+
+    counts = multiprocessing.get_context("fork").Array("i", 2)  # the stages' sends: with a header, known
+    original = GpuWire._send
+
+    def counting(self, peer, tensor, requires_grad, known):
+        with counts.get_lock():
+            counts[int(known)] += 1
+        return original(self, peer, tensor, requires_grad, known)
+
+    monkeypatch.setattr(GpuWire, "_send", counting)
+    monkeypatch.setattr(stage_processes, "wire_ends", lambda context, size: [None] * size)  # gloo, not pipes
+    criterion = HybridCrossEntropyCriterion(StandInTask(*dictionaries), False, 0.1)
+    runs = []
+    for workers in ("threads", "processes"):
+        options = {"hybrid_devices": "cpu,cpu", "hybrid_workers": workers, "hybrid_chunk_length": 2}
+        _, group, sample = single_and_group(dictionaries, options)
+        torch.manual_seed(5)
+        try:
+            runs.append(loss_and_grads(group, criterion, sample))
+        finally:
+            if group.hybrid_group.stages is not None:
+                group.hybrid_group.stages.close()
+    (threads, processes) = runs
+    assert torch.equal(processes[0], threads[0])
+    assert not [name for name in threads[2] if not torch.equal(processes[2][name], threads[2][name])]
+    built = build_step(group, group.hybrid_group.plan, sample["net_input"], sample["target"], None, 2, 1)
+    counted = messages(built.step.cells)
+    assert list(counts) == [sum(counted["forward"][0]), sum(counted["backward"][0])]
+    assert counts[0] > 0 and counts[1] > 0
 
 
 def tiny_step(cost, k=2, chunk_length=3):
@@ -81,6 +140,12 @@ def test_each_cost_of_processes_adds_what_it_says(queued):
     talked = tiny_step(talking)[0]
     assert talked.forward > base.forward and talked.backward > base.backward
     assert talked.parts["messages (the busiest host)"] > 0
+    headerless = copy.deepcopy(talking)
+    headerless.gradient_headers = False  # the GPU wire: a gradient without a header costs no message's host time
+    quiet = tiny_step(headerless)[0]
+    assert quiet.forward == pytest.approx(talked.forward, rel=1e-12)
+    assert quiet.backward == pytest.approx(base.backward, rel=1e-12)
+    assert 0 < quiet.parts["messages (the busiest host)"] < talked.parts["messages (the busiest host)"]
     building = copy.deepcopy(free)
     building.build_fixed, building.build_per_cell, building.build_per_own_cell = 1e-4, 5e-6, 8e-6
     built = tiny_step(building)[0]
@@ -103,6 +168,7 @@ def test_the_gpu_forecast_prices_processes_as_measured(tmp_path):
     assert cost.message_send == report["gloo_header"]["message_send"]
     assert cost.build_per_cell == report["build_per_cell"] and cost.command_round_trip == report["command_round_trip"]
     assert cost.copy_bandwidth == gpu_costs.MEMORY_BANDWIDTH["a100"] / 2
+    assert cost.gradient_headers is False  # a gradient goes without one: only the forward messages are priced
     readings = {"workers": {"rows": [
         {"devices": "cuda:0", "workers": "processes", "host_us_per_call": [40.0]},
         {"devices": "cuda:0,cuda:1,cuda:2,cuda:3", "workers": "processes", "host_us_per_call": [50.0, 70.0, 60.0, 60.0]},

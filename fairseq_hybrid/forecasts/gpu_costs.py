@@ -220,7 +220,8 @@ def worker_costs_report(path: str = WORKER_COSTS_FILE) -> Dict:
 def as_built_processes(cost: CostModel, name: str, path: Optional[str], k: int) -> CostModel:
     """``cost`` (each worker's host its own) with what a process per device
     costs beyond it: each stage's build of the step, a gloo header's host
-    time at each end of every message (NCCL's own call not counted), the
+    time at each end of every forward message (a gradient goes without one;
+    NCCL's own call not counted), the
     trainer's two commands (:data:`WORKER_COSTS_FILE`, measured on a CPU
     host), and each stage's copy of its gradients at the set's memory
     bandwidth.  Where the cost file holds the GPU check's ``workers``
@@ -232,8 +233,10 @@ def as_built_processes(cost: CostModel, name: str, path: Optional[str], k: int) 
         cost.fixed = {key: readings for key in cost.fixed}
         return cost
     report = worker_costs_report()
-    return cost.as_processes({**report, **report["gloo_header"],
-                              "copy_bandwidth": MEMORY_BANDWIDTH.get(name, MEMORY_BANDWIDTH["a100"]) / 2})
+    built = cost.as_processes({**report, **report["gloo_header"],
+                               "copy_bandwidth": MEMORY_BANDWIDTH.get(name, MEMORY_BANDWIDTH["a100"]) / 2})
+    built.gradient_headers = False  # the GPU wire's gradients go without a header (processes/gpu_wire.py)
+    return built
 
 
 def _process_readings(path: Optional[str], k: int) -> Optional[float]:

@@ -142,6 +142,10 @@ class CostModel:
     message_receive: float = 0.0
     command_round_trip: float = 0.0  # the trainer's command to its stages and their replies, twice a step
     copy_bandwidth: float = 0.0  # bytes/s of a stage's copy of its gradients for the trainer (0: free)
+    # whether a gradient between stages costs a message's host time like an activation: on the host wire every
+    # message carries its description; the GPU wire sends a gradient without a header (its receiver knows the
+    # shape), leaving only NCCL's call, which no message here is priced with
+    gradient_headers: bool = True
     note: str = ""
 
     def overhead(self, devices: int) -> float:
@@ -322,10 +326,7 @@ def replay(cells: Sequence[Cell], num_workers: int, cost: CostModel, same_device
     producers = [sorted({producer for producer, _ in cell.inputs}) for cell in cells]
     queued = cost.host_queues and cell_seconds is None
     processes = cost.workers == "processes"
-    counted = messages(cells) if processes else {}
-    wire = {phase: [cost.message_send * sent + cost.message_receive * received
-                    for sent, received in zip(*counted[phase])] if processes else [0.0] * len(cells)
-            for phase in PHASES}
+    wire = message_seconds(cells, cost) if processes else {phase: [0.0] * len(cells) for phase in PHASES}
     built = build_delays(cells, num_workers, cost, queued) if processes else [0.0] * num_workers
 
     def run(sequence: Sequence[int], after: Sequence[Sequence[int]], phase: str, start: Sequence[float],
@@ -373,7 +374,10 @@ def messages(cells: Sequence[Cell]) -> Dict[str, Tuple[List[int], List[int]]]:
     another worker goes once to that worker, from the cell that made it,
     and is received by its first reader there; backward, every input a
     cell reads from another worker sends its gradient back (one message
-    per input), which the producer receives."""
+    per input), which the producer receives.  The stages send no gradient
+    for a value sent as needing none (a micro-batch's chunk past all of its
+    sentences), which the cells do not tell: backward, this is the most
+    they send."""
     forward = ([0] * len(cells), [0] * len(cells))
     backward = ([0] * len(cells), [0] * len(cells))
     seen = set()
@@ -389,6 +393,16 @@ def messages(cells: Sequence[Cell]) -> Dict[str, Tuple[List[int], List[int]]]:
                 forward[0][producer] += 1
                 forward[1][i] += 1
     return {"forward": forward, "backward": backward}
+
+
+def message_seconds(cells: Sequence[Cell], cost: CostModel) -> Dict[str, List[float]]:
+    """Each cell's host seconds in its messages to and from other workers,
+    by phase (:func:`messages`; backward free where gradients go without
+    headers, ``CostModel.gradient_headers``)."""
+    counted = messages(cells)
+    priced = {"forward": True, "backward": cost.gradient_headers}
+    return {phase: [(cost.message_send * sent + cost.message_receive * received) if priced[phase] else 0.0
+                    for sent, received in zip(*counted[phase])] for phase in PHASES}
 
 
 def build_delays(cells: Sequence[Cell], num_workers: int, cost: CostModel, queued: bool) -> List[float]:
@@ -511,9 +525,9 @@ def _process_extra(model, plan: DevicePlan, cells: Sequence[Cell], cost: CostMod
         owned = plan_owned_bytes(model, plan, attention_softmax=plan.mode != "hybrid")
     copied = max(owned) / cost.copy_bandwidth if cost.copy_bandwidth else 0.0
     wire = [0.0] * plan.size
-    for phase, (sends, receives) in messages(cells).items():
-        for cell, sent, received in zip(cells, sends, receives):
-            wire[cell.worker] += cost.message_send * sent + cost.message_receive * received
+    for seconds in message_seconds(cells, cost).values():
+        for cell, cell_seconds in zip(cells, seconds):
+            wire[cell.worker] += cell_seconds
     parts = {"builds (the longest)": max(build_delays(cells, plan.size, cost, queued), default=0.0),
              "messages (the busiest host)": max(wire, default=0.0), "commands": commands, "gradient copy": copied}
     return max(0.0, overhead - (0.0 if queued else whole)) + commands + copied, parts

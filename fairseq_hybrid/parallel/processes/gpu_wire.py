@@ -7,9 +7,13 @@ between pipeline stages.  Stages on host memory use pipes instead
 The stages form a process group of their own (not torch.distributed's
 default group, which a run of groups under DDP already holds): NCCL, with a
 gloo group beside it for the headers so that a receiver learns a tensor's
-shape without waiting for its GPU (gloo alone where stages share a GPU).  Every
-message is a fixed-size header (dimensions, dtype, whether the tensor
-needs a gradient, or "nothing") followed by the tensor.
+shape without waiting for its GPU (gloo alone where stages share a GPU).  A
+forward message is a fixed-size header (dimensions, dtype, whether the
+tensor needs a gradient, or "nothing") followed by the tensor.  A gradient
+goes without a header: its receiver sent the output it belongs to, so it
+knows the shape and dtype (``expect``'s ``likes``; the sender's ``known``),
+and a gradient comes back only for an output sent as needing one
+(:class:`..runtime.channels.OverWire`).
 
 A receiver takes a peer's messages in the order that peer sends them and
 keeps those it does not need yet (:meth:`GpuWire.take`): both sides
@@ -51,10 +55,15 @@ class InOrder:
     expected: Dict[int, Deque[Hashable]]
     inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]]
 
-    def expect(self, peer: int, keys: Sequence[Hashable]) -> None:
-        """The keys of the messages ``peer`` will send this stage, in its order."""
+    likes: Dict[int, Dict[Hashable, Tensor]]
+
+    def expect(self, peer: int, keys: Sequence[Hashable], likes: Optional[Dict[Hashable, Tensor]] = None) -> None:
+        """The keys of the messages ``peer`` will send this stage, in its
+        order; ``likes``: for those sent ``known``, a tensor of the shape,
+        dtype and device each will have."""
         self.expected[peer] = deque(keys)
         self.inbox[peer] = {}
+        self.likes[peer] = likes or {}
 
     def take(self, peer: int, key: Hashable) -> Tuple[Optional[Tensor], bool]:
         """The message ``key`` from ``peer`` (receiving the ones it sends
@@ -63,23 +72,26 @@ class InOrder:
         while key not in inbox:
             if not expected:
                 raise RuntimeError(f"stage {self.rank} waits for {key!r} from stage {peer}, which sends no more")
-            inbox[expected.popleft()] = self._receive(peer)
+            next_key = expected.popleft()
+            inbox[next_key] = self._receive(peer, self.likes[peer].get(next_key))
         return inbox.pop(key)
 
-    def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
+    def _receive(self, peer: int, like: Optional[Tensor]) -> Tuple[Optional[Tensor], bool]:
         raise NotImplementedError
 
     send_seconds: float  # this stage's time in its sends so far (what a message costs it in a step)
 
-    def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False) -> None:
-        """Send ``tensor`` (or nothing) to ``peer``, timed."""
+    def send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool = False, known: bool = False) -> None:
+        """Send ``tensor`` (or nothing) to ``peer``, timed; ``known``: the
+        peer expects it with a like of its shape and dtype (a tensor, never
+        nothing), so no description need go with it."""
         started = time.perf_counter()
         try:
-            self._send(peer, tensor, requires_grad)
+            self._send(peer, tensor, requires_grad, known)
         finally:
             self.send_seconds += time.perf_counter() - started
 
-    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool) -> None:
+    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool, known: bool) -> None:
         raise NotImplementedError
 
 
@@ -102,34 +114,43 @@ class GpuWire(InOrder):
             self.data = self.headers
         self.pending: List[object] = []  # sends not waited for, and the tensors they read
         self.sent = [0, 0]  # messages and tensor bytes sent so far (what a step costs the transport)
+        self.headers_sent = 0
         self.send_seconds = 0.0
         self.expected: Dict[int, Deque[Hashable]] = {}
         self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
+        self.likes: Dict[int, Dict[Hashable, Tensor]] = {}
 
-    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool) -> None:
-        header = torch.full((HEADER,), -1, dtype=torch.int64)
-        if tensor is not None:
-            if tensor.dim() > MAX_DIMS:
-                raise ValueError(f"a tensor of {tensor.dim()} dimensions between stages (at most {MAX_DIMS})")
-            header[0], header[1], header[2] = 1, DTYPES.index(tensor.dtype), int(requires_grad)
-            header[3:3 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-        else:
-            header[0] = 0
-        self.pending.append((self.headers.send([header], peer, TAG), header))
+    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool, known: bool) -> None:
+        if known and tensor is None:
+            raise ValueError("a message sent as known must be a tensor (its peer receives one of a known shape)")
+        if not known:
+            header = torch.full((HEADER,), -1, dtype=torch.int64)
+            if tensor is not None:
+                if tensor.dim() > MAX_DIMS:
+                    raise ValueError(f"a tensor of {tensor.dim()} dimensions between stages (at most {MAX_DIMS})")
+                header[0], header[1], header[2] = 1, DTYPES.index(tensor.dtype), int(requires_grad)
+                header[3:3 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+            else:
+                header[0] = 0
+            self.pending.append((self.headers.send([header], peer, TAG), header))
+            self.headers_sent += 1
         self.sent[0] += 1
         if tensor is not None:
             self.sent[1] += tensor.numel() * tensor.element_size()
             tensor = tensor.to("cpu") if self.staged else tensor.contiguous()
             self.pending.append((self.data.send([tensor], peer, TAG), tensor))
 
-    def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
-        header = torch.empty(HEADER, dtype=torch.int64)
-        _wait(self.headers.recv([header], peer, TAG), peer)
-        present, dtype, requires_grad, *dims = header.tolist()
-        if not present:
-            return None, False
-        shape = [size for size in dims if size >= 0]
-        tensor = torch.empty(shape, dtype=DTYPES[dtype], device="cpu" if self.staged else self.device)
+    def _receive(self, peer: int, like: Optional[Tensor]) -> Tuple[Optional[Tensor], bool]:
+        if like is not None:  # sent known: no header
+            shape, dtype, requires_grad = like.shape, like.dtype, False
+        else:
+            header = torch.empty(HEADER, dtype=torch.int64)
+            _wait(self.headers.recv([header], peer, TAG), peer)
+            present, code, requires_grad, *dims = header.tolist()
+            if not present:
+                return None, False
+            shape, dtype = [size for size in dims if size >= 0], DTYPES[code]
+        tensor = torch.empty(shape, dtype=dtype, device="cpu" if self.staged else self.device)
         _wait(self.data.recv([tensor], peer, TAG), peer)
         return (tensor.to(self.device) if self.staged else tensor), bool(requires_grad)
 

@@ -124,8 +124,10 @@ class HostWire(InOrder):
         self.send_seconds = 0.0
         self.expected: Dict[int, Deque[Hashable]] = {}
         self.inbox: Dict[int, Dict[Hashable, Tuple[Optional[Tensor], bool]]] = {}
+        self.likes: Dict[int, Dict[Hashable, Tensor]] = {}
 
-    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool) -> None:
+    def _send(self, peer: int, tensor: Optional[Tensor], requires_grad: bool, known: bool) -> None:
+        # every message carries its description, known or not: it costs this wire no message of its own
         sender = self.senders[peer]
         if sender.error is not None:
             raise PeerLost(f"a message to stage {peer} failed: {sender.error}")
@@ -139,7 +141,7 @@ class HostWire(InOrder):
         data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else None
         sender.put(description, data)  # a queued array keeps the tensor's memory until it is written
 
-    def _receive(self, peer: int) -> Tuple[Optional[Tensor], bool]:
+    def _receive(self, peer: int, like: Optional[Tensor]) -> Tuple[Optional[Tensor], bool]:
         conn = self.incoming[peer]
         try:
             description = pickle.loads(conn.recv_bytes())

@@ -126,14 +126,14 @@ class Stage:
                 master.device != self.plan.devices[use.worker] for master in masters)
             if use.worker == self.me and away:
                 keys = [("replica", number, index) for index in range(len(masters))]
-                self.wire.expect(use.home, keys)
+                self.wire.expect(use.home, keys, dict(zip(keys, masters)))  # shapes known: no headers
                 self._say(f"a replica's parameters, waiting for stage {use.home}")
                 use.replicas.refresh_from(self.me, [self.wire.take(use.home, key)[0] for key in keys], built.step)
             elif use.worker == self.me:
                 use.replicas.prefetch(self.me, self.device, built.step)
             elif use.home == self.me and away:
                 for master in masters:
-                    self.wire.send(use.worker, master.detach())
+                    self.wire.send(use.worker, master.detach(), known=True)
 
     def backward(self, grads: Dict[Ref, Tensor]) -> Dict:
         """Run this stage's cells backward from the loss sums' gradients;

@@ -78,11 +78,21 @@ class OverWire(InProcess):
         self.readers, self.sent_refs, self.forward_from, self.backward_from = graph.wiring.routes(self.me)
 
     def start(self, graph, phase: str) -> None:
-        expected = self.forward_from if phase == "forward" else self.backward_from
-        for worker, keys in expected.items():
-            self.wire.expect(worker, keys)
         if phase == "forward":
             self.remote.clear()
+            for worker, keys in self.forward_from.items():
+                self.wire.expect(worker, keys)
+            return
+        # a gradient comes back for an output sent as needing one, of that output's shape and dtype (the
+        # GPU wire sends it without a header)
+        for worker, keys in self.backward_from.items():
+            likes = {}
+            for consumer, position in keys:
+                producer, output = graph.cells[consumer].inputs[position]
+                value = graph.outputs[producer][output]
+                if value.requires_grad:
+                    likes[consumer, position] = value
+            self.wire.expect(worker, [key for key in keys if key in likes], likes)
 
     def finish(self, graph, phase: str) -> None:
         self.wire.flush()
@@ -115,7 +125,7 @@ class OverWire(InProcess):
                 continue  # run before this one, in this stage's reverse order
             self.say(f"{cell.name} (backward), waiting for {graph.cells[consumer].name}")
             for position, (producer, output) in enumerate(graph.cells[consumer].inputs):
-                if producer == index:
+                if producer == index and graph.outputs[index][output].requires_grad:
                     grad, _ = self.wire.take(worker, (consumer, position))
                     if grad is not None:
                         graph.grads.setdefault((producer, output), {})[consumer] = (grad, None)
@@ -125,4 +135,9 @@ class OverWire(InProcess):
         worker = graph.cells[ref[0]].worker
         if worker == self.me:
             return super().hand_back(graph, index, ref, grad, event)
-        self.wire.send(worker, grad)  # in input order: what the producer expects (backward_from)
+        value = self.remote[tuple(ref)]
+        if not value.requires_grad:
+            return  # sent as needing no gradient: its producer expects none back
+        if grad is None:
+            grad = torch.zeros_like(value)  # no header says "nothing": the producer adds zeros
+        self.wire.send(worker, grad, known=True)  # in input order: what the producer expects (backward_from)
