@@ -2,8 +2,9 @@
 """What a process per device costs beyond its cells, for the GPU forecasts
 (``fairseq_hybrid.forecasts.gpu_costs.as_built_processes``): a stage's
 build of a ``hybrid_lstm_paper`` step (its parameter-free twin, 128
-sentences of 50 + 50 tokens and the other batches given), the GPU wire's
-gloo header and the host wire's message at each end, and a command's round
+sentences of 50 + 50 tokens and the other batches given), a header over
+gloo and the host wire's message (the GPU wire's header goes through the
+same pipes) at each end, and a command's round
 trip carrying that batch, each measured on this machine's CPU
 (``fairseq_hybrid.timing.worker_costs``).  A time: run it alone.
 
@@ -44,8 +45,9 @@ def main() -> None:
     host = wire_costs("host", command_bytes)
     report = {"what": "a process per device's costs beyond its cells (benchmarks/bench_worker_costs.py): a "
                       "stage's build fitted as fixed + per cell of the step + per cell of its own, seconds; "
-                      "host seconds of a message at each end (gloo_header: the GPU wire's header, NCCL's call "
-                      "not in it; host: the host wire's pipes); a command's round trip carrying the batch",
+                      "host seconds of a message at each end (gloo_header: a header over gloo, as the GPU wire sent "
+                      "them before; host: the host wire's pipes, through which the GPU wire's headers go, "
+                      "NCCL's call not in it); a command's round trip carrying the batch",
               "measured_on": f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
                              f"{time.strftime('%Y-%m-%d')}",
               "workload": f"{args.arch} twin, {', '.join(map(str, args.sentences))} sentences of {args.length} + "

@@ -1,8 +1,10 @@
 """The wire between stages on GPUs (parallel/processes/gpu_wire.py), here
 over gloo on the host as between stages that share a GPU: a forward
-message goes with a header, a gradient without one (its receiver names
-the shape it expects), and both arrive as sent."""
+message goes with a header (through the stages' pipes where the trainer
+made them, through gloo otherwise), a gradient without one (its receiver
+names the shape it expects), and both arrive as sent."""
 
+import multiprocessing
 import threading
 
 import pytest
@@ -10,13 +12,16 @@ import torch
 import torch.distributed as dist
 
 from fairseq_hybrid.parallel.processes.gpu_wire import GpuWire
+from fairseq_hybrid.parallel.processes.host_wire import HostWire, wire_ends
 
 
-def pair():
+def pair(pipes):
     store, wires = dist.HashStore(), [None, None]
+    ends = wire_ends(multiprocessing.get_context("fork"), 2) if pipes else [None, None]
 
     def make(rank):
-        wires[rank] = GpuWire(rank, 2, store, torch.device("cpu"), 30.0)
+        header_wire = HostWire(rank, *ends[rank]) if pipes else None
+        wires[rank] = GpuWire(rank, 2, store, torch.device("cpu"), 30.0, header_wire=header_wire)
 
     makers = [threading.Thread(target=make, args=(rank,)) for rank in (0, 1)]
     for maker in makers:
@@ -26,8 +31,9 @@ def pair():
     return wires
 
 
-def test_a_gradient_goes_without_a_header_and_arrives_as_sent():
-    first, second = pair()
+@pytest.mark.parametrize("pipes", [True, False])
+def test_a_gradient_goes_without_a_header_and_arrives_as_sent(pipes):
+    first, second = pair(pipes)
     output, nothing, grad = torch.randn(3, 4), None, torch.randn(3, 4)
     taken = {}
 
@@ -54,6 +60,8 @@ def test_a_gradient_goes_without_a_header_and_arrives_as_sent():
     assert torch.equal(back, grad) and back.dtype == grad.dtype and requires_grad is False
     assert (first.headers_sent, second.headers_sent) == (2, 0)  # forward: one each; the gradient: none
     assert (first.sent[0], second.sent[0]) == (2, 1)
+    if pipes:  # the headers went through the pipes, one message each
+        assert (first.header_wire.sent[0], second.header_wire.sent[0]) == (2, 0)
     with pytest.raises(ValueError, match="known"):
         second.send(0, None, known=True)
     for wire in (first, second):

@@ -159,13 +159,15 @@ def test_each_cost_of_processes_adds_what_it_says(queued):
 
 def test_the_gpu_forecast_prices_processes_as_measured(tmp_path):
     """Under a GPU set, a process per device takes the measured file's
-    costs (the gloo header at each end of a message), or, where a cost file
+    costs (a header through the stages' pipes at each end of a forward
+    message, none with a gradient), or, where a cost file
     holds the GPU check's readings for processes, their host time per call
     and nothing beside it."""
     report = gpu_costs.worker_costs_report()
     cost = gpu_costs.as_built_processes(CostModel(fixed=dict(FIXED)), "a100", None, 4)
     assert cost.workers == "processes"
-    assert cost.message_send == report["gloo_header"]["message_send"]
+    assert cost.message_send == report["host_wire"]["message_send"]
+    assert cost.message_receive == report["host_wire"]["message_receive"]
     assert cost.build_per_cell == report["build_per_cell"] and cost.command_round_trip == report["command_round_trip"]
     assert cost.copy_bandwidth == gpu_costs.MEMORY_BANDWIDTH["a100"] / 2
     assert cost.gradient_headers is False  # a gradient goes without one: only the forward messages are priced

@@ -211,17 +211,17 @@ def set_costs(name: str, path: Optional[str], k: int, step_us: float, rate: floa
 
 def worker_costs_report(path: str = WORKER_COSTS_FILE) -> Dict:
     """What ``benchmarks/bench_worker_costs.py`` measured (the file says
-    where): a stage's build, the GPU wire's gloo header, a command's round
-    trip."""
+    where): a stage's build, a message on the host wire and as a gloo
+    header, a command's round trip."""
     with open(path) as file:
         return json.load(file)
 
 
 def as_built_processes(cost: CostModel, name: str, path: Optional[str], k: int) -> CostModel:
     """``cost`` (each worker's host its own) with what a process per device
-    costs beyond it: each stage's build of the step, a gloo header's host
-    time at each end of every forward message (a gradient goes without one;
-    NCCL's own call not counted), the
+    costs beyond it: each stage's build of the step, a header's host time
+    through the stages' pipes at each end of every forward message (a
+    gradient goes without one; NCCL's own call not counted), the
     trainer's two commands (:data:`WORKER_COSTS_FILE`, measured on a CPU
     host), and each stage's copy of its gradients at the set's memory
     bandwidth.  Where the cost file holds the GPU check's ``workers``
@@ -233,7 +233,7 @@ def as_built_processes(cost: CostModel, name: str, path: Optional[str], k: int) 
         cost.fixed = {key: readings for key in cost.fixed}
         return cost
     report = worker_costs_report()
-    built = cost.as_processes({**report, **report["gloo_header"],
+    built = cost.as_processes({**report, **report["host_wire"],  # the GPU wire's headers go through the pipes
                                "copy_bandwidth": MEMORY_BANDWIDTH.get(name, MEMORY_BANDWIDTH["a100"]) / 2})
     built.gradient_headers = False  # the GPU wire's gradients go without a header (processes/gpu_wire.py)
     return built

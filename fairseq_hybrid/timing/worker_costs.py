@@ -8,9 +8,10 @@ as built"):
   own cells' code, fitted as seconds per build, per cell of the step and
   per cell of its own (threads build the step once, all cells their own);
 * a message between two stages: the sender's and the receiver's host
-  seconds, on the host wire (pipes: CPU devices) and on the GPU wire's
-  gloo header (a GPU stage's message is a gloo header and an NCCL transfer;
-  NCCL's own call is not in it: it needs a GPU);
+  seconds, on the host wire (pipes: CPU devices; a GPU stage's forward
+  message is its header through the same pipes and an NCCL transfer, whose
+  own call is not in it: it needs a GPU) and as a gloo header (how GPU
+  stages sent their headers before);
 * a command's round trip between the trainer and an idle stage: the batch
   pickled out, a small reply back (two a step: forward and backward);
 * the bytes per second of a stage's copy of its gradients into the
@@ -122,8 +123,9 @@ def wire_costs(kind: str = "host", command_bytes: int = 0) -> Dict[str, float]:
     """Between this process and a forked one on this machine: the host
     seconds a message costs its sender and its receiver (``host``: the host
     wire's pipes, a tensor of 256 values, each end timed alone, the
-    median message; ``gloo header``: the GPU wire's header alone, as a GPU stage sends one before
-    each NCCL transfer, a quarter of a header's median round trip at each end), and
+    median message; ``gloo header``: a header alone over gloo, as GPU stages sent one before each
+    NCCL transfer until their headers went through the pipes, a quarter of a header's median round
+    trip at each end), and
     a command's round trip of ``command_bytes`` out and a small reply back
     (median of 50)."""
     context = multiprocessing.get_context("fork")

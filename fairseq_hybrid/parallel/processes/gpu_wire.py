@@ -6,10 +6,13 @@ between pipeline stages.  Stages on host memory use pipes instead
 
 The stages form a process group of their own (not torch.distributed's
 default group, which a run of groups under DDP already holds): NCCL, with a
-gloo group beside it for the headers so that a receiver learns a tensor's
-shape without waiting for its GPU (gloo alone where stages share a GPU).  A
-forward message is a fixed-size header (dimensions, dtype, whether the
-tensor needs a gradient, or "nothing") followed by the tensor.  A gradient
+gloo group beside it (gloo alone where stages share a GPU).  A forward
+message is a fixed-size header (dimensions, dtype, whether the tensor needs
+a gradient, or "nothing") followed by the tensor; the header goes through
+the pipes the trainer made between its stages (:mod:`.host_wire`: one write
+and one read, where a gloo message costs each end a hand-off to gloo's I/O
+thread, docs/processes.md), or through gloo where there are none, so that
+a receiver learns a tensor's shape without waiting for its GPU.  A gradient
 goes without a header: its receiver sent the output it belongs to, so it
 knows the shape and dtype (``expect``'s ``likes``; the sender's ``known``),
 and a gradient comes back only for an output sent as needing one
@@ -99,10 +102,13 @@ class GpuWire(InOrder):
     """This stage's messages to and from the other stages of its group."""
 
     def __init__(self, rank: int, size: int, store, device: torch.device, timeout: float,
-                 distinct_devices: bool = True):
+                 distinct_devices: bool = True, header_wire: Optional[InOrder] = None):
+        """``header_wire``: the stages' pipes (a :class:`.host_wire.HostWire`)
+        for the headers; None: gloo."""
         self.rank, self.size, self.device = rank, size, device
+        self.header_wire = header_wire
         delta = datetime.timedelta(seconds=timeout)
-        self.headers = dist.ProcessGroupGloo(dist.PrefixStore("headers/", store), rank, size, delta)
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("headers/", store), rank, size, delta)
         # through host memory: CPU devices, and GPU stages that share a GPU (NCCL refuses two ranks on one
         # device, "Duplicate GPU detected" in its init.cc; gloo's send and recv take a host pointer)
         self.staged = device.type == "cuda" and not distinct_devices
@@ -111,7 +117,7 @@ class GpuWire(InOrder):
             options._timeout = delta
             self.data = dist.ProcessGroupNCCL(dist.PrefixStore("data/", store), rank, size, options)
         else:
-            self.data = self.headers
+            self.data = self.gloo
         self.pending: List[object] = []  # sends not waited for, and the tensors they read
         self.sent = [0, 0]  # messages and tensor bytes sent so far (what a step costs the transport)
         self.headers_sent = 0
@@ -132,7 +138,10 @@ class GpuWire(InOrder):
                 header[3:3 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
             else:
                 header[0] = 0
-            self.pending.append((self.headers.send([header], peer, TAG), header))
+            if self.header_wire is not None:
+                self.header_wire.send(peer, header)
+            else:
+                self.pending.append((self.gloo.send([header], peer, TAG), header))
             self.headers_sent += 1
         self.sent[0] += 1
         if tensor is not None:
@@ -144,8 +153,11 @@ class GpuWire(InOrder):
         if like is not None:  # sent known: no header
             shape, dtype, requires_grad = like.shape, like.dtype, False
         else:
-            header = torch.empty(HEADER, dtype=torch.int64)
-            _wait(self.headers.recv([header], peer, TAG), peer)
+            if self.header_wire is not None:
+                header, _ = self.header_wire._receive(peer, None)
+            else:
+                header = torch.empty(HEADER, dtype=torch.int64)
+                _wait(self.gloo.recv([header], peer, TAG), peer)
             present, code, requires_grad, *dims = header.tolist()
             if not present:
                 return None, False
@@ -159,10 +171,14 @@ class GpuWire(InOrder):
         for work, _ in self.pending:
             _wait(work, None)
         self.pending.clear()
+        if self.header_wire is not None:
+            self.header_wire.flush()
 
     def close(self) -> None:
         self.pending.clear()
-        for group in {id(self.data): self.data, id(self.headers): self.headers}.values():
+        if self.header_wire is not None:
+            self.header_wire.close()
+        for group in {id(self.data): self.data, id(self.gloo): self.gloo}.values():
             shutdown = getattr(group, "shutdown", None) or getattr(group, "abort", None)
             if shutdown is not None:
                 try:

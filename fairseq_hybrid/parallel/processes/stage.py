@@ -266,15 +266,17 @@ def stage_main(me: int, model, plan, build, conn, activity, store_path: Optional
     code = 0
     life = ExitStack()
     try:
-        if pipes is not None:  # host memory: the stages' pipes (host_wire.py)
-            from .host_wire import HostWire
+        from .host_wire import HostWire
+
+        if pipes is not None and store_path is None:  # host memory: the stages' pipes alone (host_wire.py)
             wire = HostWire(me, *pipes)
         elif plan.size > 1:
             from torch.distributed import FileStore
 
             from .gpu_wire import GpuWire
             wire = GpuWire(me, plan.size, FileStore(store_path, plan.size), device, timeout,
-                                  distinct_devices=len(set(plan.devices)) == plan.size)
+                           distinct_devices=len(set(plan.devices)) == plan.size,
+                           header_wire=HostWire(me, *pipes) if pipes is not None else None)
         def tell(kind: str, reply: Dict) -> None:
             if kind == "ok" and hooks:
                 reply["reports"] = [hook.report() for hook in hooks]

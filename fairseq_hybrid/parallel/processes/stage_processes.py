@@ -101,11 +101,11 @@ class StageProcesses:
                 if param.device.type == "cpu":
                     param.share_memory_()
         # stages on host memory talk through pipes (host_wire.py), others through torch.distributed (gpu_wire.py),
-        # whose store is a folder of the trainer's (one a dead trainer left is cleared here)
-        wires = wire_ends(context, len(devices)) if len(devices) > 1 and all(
-            device.type == "cpu" and device.index is None for device in devices) else [None] * len(devices)
+        # whose store is a folder of the trainer's (one a dead trainer left is cleared here), with the pipes
+        # for their headers
+        wires = wire_ends(context, len(devices)) if len(devices) > 1 else [None] * len(devices)
         store = None
-        if len(devices) > 1 and wires[0] is None:
+        if len(devices) > 1 and (wires[0] is None or not host_memory(devices)):
             clear_dead_stores()
             self.store_dir = tempfile.mkdtemp(prefix=f"{STORE_PREFIX}{os.getpid()}-")
             store = os.path.join(self.store_dir, "store")
@@ -355,6 +355,12 @@ class _StageBoundary(torch.autograd.Function):
         with extras_entered(ctx.state), step_scope():  # the step's backward half, on the trainer's side
             ctx.stages.backward(ctx.refs, grads)
         return (None, None, None, None) + (None,) * len(grads)
+
+
+def host_memory(devices) -> bool:
+    """Whether every device is plain host memory (``cpu``), whose stages
+    talk through pipes alone (:mod:`.host_wire`)."""
+    return all(device.type == "cpu" and device.index is None for device in devices)
 
 
 def clear_dead_stores(folder: Optional[str] = None) -> List[str]:
