@@ -17,6 +17,7 @@ the systems, and each reports target tokens/s and its peak memory.
 """
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -118,7 +119,8 @@ def run_one(args):
     def work(index, timed):
         torch.set_num_threads(1 if copies > 1 else threads)
         _, model, criterion, optimizer = systems[index]
-        totals[index] = train_steps(model, criterion, optimizer, samples[2:] if timed else samples[:2], device)[0]
+        totals[index] = train_steps(model, criterion, optimizer, samples[2:] if timed else samples[:2], device,
+                                    collect=False)[0]
 
     from fairseq.logging import metrics
 
@@ -126,6 +128,7 @@ def run_one(args):
         # a group logs what its devices did each step as fairseq metrics (devK_busy, group_fill, and what
         # auto chose: chunk_len, micro_batches), averaged here over the timed steps as over a log interval
         with metrics.aggregate(new_root=True) as logged:
+            gc.collect()  # before the clock (training_steps.train_steps says why)
             start = time.perf_counter()
             if copies == 1:
                 work(0, timed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import cProfile
 import functools
+import gc
 import json
 import os
 import pstats
@@ -255,6 +256,7 @@ def run(workers: str, devices: int, args, folder: str):
     # the stages' files are rewritten after each backward; the warm-up's share is taken off by reading
     # them once before the timed steps
     before = read_stage_files(folder, devices) if workers == "processes" else {}
+    gc.collect()  # the process's first full collection after loading, not in the timed steps (train_steps)
     profiler.enable()
     start = time.perf_counter()
     for sample in samples[args.warmup:]:

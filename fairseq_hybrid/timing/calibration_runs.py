@@ -6,6 +6,7 @@ and a GPU cost file's measurements (``gpu_calibrate``)."""
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import statistics
 import sys
@@ -90,8 +91,9 @@ def run_calibrate(spec: Dict) -> Dict:
 
     def work(index):
         torch.set_num_threads(1)  # OpenMP's thread count is each thread's own: a new thread starts with all cores
-        together[index] = train_steps(*plain[index], optimizers[index], samples)[1]
+        together[index] = train_steps(*plain[index], optimizers[index], samples, collect=False)[1]
 
+    gc.collect()  # once before the threads start: a collection in one would stop the others mid-step
     pool = [threading.Thread(target=work, args=(index,)) for index in range(k)]
     for thread in pool:
         thread.start()

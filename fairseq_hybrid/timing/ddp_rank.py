@@ -11,6 +11,7 @@ barriers, so that the slowest rank's time is the step's."""
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import time
@@ -55,9 +56,10 @@ def timed_steps(model, loss, optimizer, warm: Sequence, timed: Sequence, device:
     import torch.distributed as dist
 
     train_steps(model, loss, optimizer, warm, device)  # (train_steps puts the model in training mode)
+    gc.collect()  # before the barrier: the ranks' clock starts together after it (train_steps says why)
     dist.barrier()
     start = time.perf_counter()
-    tokens, _ = train_steps(model, loss, optimizer, timed, device)
+    tokens, _ = train_steps(model, loss, optimizer, timed, device, collect=False)
     dist.barrier()
     seconds = time.perf_counter() - start
     dist.destroy_process_group()

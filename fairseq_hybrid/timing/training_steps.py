@@ -5,6 +5,7 @@ re-exports them)."""
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Dict, List, Sequence, Tuple
 
@@ -67,13 +68,20 @@ def synchronize(*devices) -> None:
             torch.cuda.synchronize(device)
 
 
-def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "cpu"):
+def train_steps(model, criterion, optimizer, samples: Sequence, device: str = "cpu", collect: bool = True):
     """fairseq-style training steps; returns (target tokens, seconds).  On a
     CUDA ``device`` samples move there and the time includes the wait for
-    the queued kernels."""
+    the queued kernels.  A full garbage collection runs before the clock
+    starts: a process's first one after fairseq has loaded its data walks
+    every object it made (about 0.2 s on a 2-core CPU, in the middle of a
+    step), and would otherwise land in a short run's timed steps or not,
+    by chance (``collect``: False where the caller collects before its own
+    clock)."""
     model.train()
     tokens = 0
     group = getattr(model, "hybrid_group", None)
+    if collect:
+        gc.collect()
     start = time.perf_counter()
     for sample in samples:
         if torch.device(device).type == "cuda":
