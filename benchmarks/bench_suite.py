@@ -117,7 +117,10 @@ def run_one(args):
     totals = [0] * copies
 
     def work(index, timed):
-        torch.set_num_threads(1 if copies > 1 else threads)
+        if copies > 1:  # OpenMP's thread count is each thread's own: a new thread starts with all cores
+            torch.set_num_threads(1)
+        # (set again here for one copy, it would undo a group's own choice at its first step: the trainer's threads
+        # down to the cores its CPU devices leave, hybrid_group.leave_cores_to_devices)
         _, model, criterion, optimizer = systems[index]
         totals[index] = train_steps(model, criterion, optimizer, samples[2:] if timed else samples[:2], device,
                                     collect=False)[0]
