@@ -139,6 +139,33 @@ def test_a_gpu_calibration_measured_on_cpu_devices_is_a_cost_file(binarized, tmp
         (row["cell_us"]["lstm/forward"] + row["outside_cells_us_per_cell"]) * 1e-6, rel=1e-12)
 
 
+def test_a_gpu_calibration_on_cpu_devices_without_a_rate_prices_the_host_time_alone(binarized, tmp_path,
+                                                                                     monkeypatch):
+    """On CPU devices a cell's host time holds its arithmetic, so a group of
+    1's cells and the engine's time outside them can come to more than one
+    device's step, and no FLOP rate fits: the smoke run's cost file then
+    prices each cell's host time alone (the device's arithmetic in it) and
+    says so; on GPUs that is an error."""
+    from fairseq_hybrid.commands.calibrate import gpu_cost_file
+    from fairseq_hybrid.forecasts import gpu_costs
+    from fairseq_hybrid.forecasts.cost_file import load
+
+    def no_rate(*args, **kwargs):
+        raise ValueError("the host and latency costs alone exceed the one-device step: no rate fits")
+
+    monkeypatch.setattr(gpu_costs, "set_rate", no_rate)
+    train = [str(binarized / "bin"), *TINY]
+    args = parse_training(train)
+    path = tmp_path / "gpu.json"
+    said = []
+    gpu_cost_file(str(path), measured_command(train, args, "calibrate"), args, ["cpu", "cpu"], 1, "a100",
+                  said.append, measured_on="CPU smoke run")
+    written = load(str(path))
+    assert set(written["cost_model"]["rates"].values()) == {float("inf")}
+    assert written["processes_cost_model"]["workers"] == "processes"
+    assert any("host time alone" in line for line in said)
+
+
 def test_a_gpu_cost_file_holds_the_cost_model_of_a_group_of_its_gpus(tmp_path):
     """What --hybrid-cost-model reads of a GPU cost file: the set at the rate
     solved for the file's tokens/s on the command's model, for a group of K

@@ -25,6 +25,7 @@ The file also holds the cost model a group of these K GPUs makes its
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -99,7 +100,13 @@ def gpu_cost_file(out: str, train, args, devices, batches: int, base: str, said,
     try:
         add_engine_cost_model(out, args, len(devices))
     except ValueError as error:
-        raise MeasureError(f"{out}: the measured costs fit no FLOP rate ({error})") from error
+        if any(torch.device(device).type != "cpu" for device in devices):
+            raise MeasureError(f"{out}: the measured costs fit no FLOP rate ({error})") from error
+        # CPU devices (a smoke run): a cell's host time holds its arithmetic, and a group of 1's cells with the
+        # engine's time outside them come to one device's step give or take the machine's noise, so no rate may
+        # be left to solve; the device's arithmetic is then priced inside the host time alone
+        said(f"CPU devices: {error}; the cost model prices each cell's host time alone")
+        add_engine_cost_model(out, args, len(devices), rate=math.inf)
     return measured_on
 
 

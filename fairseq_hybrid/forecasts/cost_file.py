@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..planning.schedule_simulator import CostModel
 from . import gpu_costs
@@ -193,13 +193,14 @@ def write_cpu(path: str, calibration: Dict, devices: List[str], measured_on: str
     return _saved(path, data)
 
 
-def add_engine_cost_model(path: str, args, k: int) -> Dict:
+def add_engine_cost_model(path: str, args, k: int, rate: Optional[float] = None) -> Dict:
     """Add to a GPU cost file the cost model a group of ``k`` of its GPUs
     makes its ``auto`` choices with (``--hybrid-cost-model`` reads it): the
     file's set at the FLOP rate solved for its tokens/s on the command's
     model (``args``: its parsed fairseq-train options), one host queueing
     the workers' cells (``--hybrid-workers threads``, the default).  A
-    ``ValueError`` where the measured host time leaves no rate that fits."""
+    ``ValueError`` where the measured host time leaves no rate that fits
+    (``rate``: this FLOP rate instead of the solved one)."""
     from .gpu_costs import REFERENCE_BATCH, STEP_US, set_costs, set_rate
     from ..planning.twin_model import uniform_batch
     from .workload import twin_of, vocabulary_sizes
@@ -207,8 +208,9 @@ def add_engine_cost_model(path: str, args, k: int) -> Dict:
     measured = register(path)
     model, cfg = twin_of(args, *vocabulary_sizes(args, args.data, 32000))
     step_us = STEP_US[measured.base]
-    rate = set_rate(measured.name, model, cfg, uniform_batch(*REFERENCE_BATCH), path, step_us, "queued",
-                    measured.tokens_per_s)
+    if rate is None:
+        rate = set_rate(measured.name, model, cfg, uniform_batch(*REFERENCE_BATCH), path, step_us, "queued",
+                        measured.tokens_per_s)
     group, _ = set_costs(measured.name, path, k, step_us, rate, "queued")
     group.note = f"a group of {k} on {measured.measured_on}, one host for its workers (--hybrid-workers threads)"
     processes, _ = set_costs(measured.name, path, k, step_us, rate, "per-device")
