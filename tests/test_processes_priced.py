@@ -24,6 +24,23 @@ FIXED = {f"{kind}/{phase}": 1e-4 for kind in ("lstm", "attention_softmax", "embe
          for phase in ("forward", "backward")}
 
 
+def counted_sends(monkeypatch, wire):
+    """The sends of ``wire``'s class in this process and every stage forked
+    from it, in memory they share: [not known, known]."""
+    import multiprocessing
+
+    counts = multiprocessing.get_context("fork").Array("i", 2)
+    original = wire._send
+
+    def counting(self, peer, tensor, requires_grad, known):
+        with counts.get_lock():
+            counts[int(known)] += 1
+        return original(self, peer, tensor, requires_grad, known)
+
+    monkeypatch.setattr(wire, "_send", counting)
+    return counts
+
+
 @pytest.mark.parametrize("mode,count,micro_batches", [("hybrid", 2, 1), ("hybrid", 3, 2), ("model", 2, 1)])
 def test_the_messages_counted_are_the_ones_the_stages_send(mode, count, micro_batches, dictionaries, monkeypatch):
     """A step of real stages sends the messages the simulator counts for
@@ -31,19 +48,9 @@ def test_the_messages_counted_are_the_ones_the_stages_send(mode, count, micro_ba
     exactly; backward: a gradient for every input read from another
     worker, less those of values sent as needing none, which only a
     micro-batch's chunks past all of its sentences are)."""
-    import multiprocessing
-
     from fairseq_hybrid.parallel.processes.host_wire import HostWire
 
-    by_phase = multiprocessing.get_context("fork").Array("i", 2)  # the stages' sends: forward, backward (known)
-    original = HostWire._send
-
-    def counting(self, peer, tensor, requires_grad, known):
-        with by_phase.get_lock():
-            by_phase[int(known)] += 1
-        return original(self, peer, tensor, requires_grad, known)
-
-    monkeypatch.setattr(HostWire, "_send", counting)
+    by_phase = counted_sends(monkeypatch, HostWire)  # forward, backward (sent known)
     options = {"hybrid_devices": ",".join(["cpu"] * count), "hybrid_mode": mode, "hybrid_workers": "processes",
                "hybrid_chunk_length": 2, "hybrid_micro_batches": micro_batches}
     _, group, sample = single_and_group(dictionaries, options)
@@ -72,20 +79,10 @@ def test_the_gpu_wire_sends_a_header_with_each_activation_and_none_with_a_gradie
     every forward message the simulator counts goes with a header, every
     backward one (a gradient, whose receiver knows its shape) without, and
     the step equals the threads' to the bit."""
-    import multiprocessing
-
     from fairseq_hybrid.parallel.processes import stage_processes
     from fairseq_hybrid.parallel.processes.gpu_wire import GpuWire
 
-    counts = multiprocessing.get_context("fork").Array("i", 2)  # the stages' sends: with a header, known
-    original = GpuWire._send
-
-    def counting(self, peer, tensor, requires_grad, known):
-        with counts.get_lock():
-            counts[int(known)] += 1
-        return original(self, peer, tensor, requires_grad, known)
-
-    monkeypatch.setattr(GpuWire, "_send", counting)
+    counts = counted_sends(monkeypatch, GpuWire)  # with a header, sent known
     monkeypatch.setattr(stage_processes, "wire_ends", lambda context, size: [None] * size)  # gloo, not pipes
     criterion = HybridCrossEntropyCriterion(StandInTask(*dictionaries), False, 0.1)
     runs = []

@@ -108,7 +108,7 @@ class GpuWire(InOrder):
         self.rank, self.size, self.device = rank, size, device
         self.header_wire = header_wire
         delta = datetime.timedelta(seconds=timeout)
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("headers/", store), rank, size, delta)
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, delta)
         # through host memory: CPU devices, and GPU stages that share a GPU (NCCL refuses two ranks on one
         # device, "Duplicate GPU detected" in its init.cc; gloo's send and recv take a host pointer)
         self.staged = device.type == "cuda" and not distinct_devices
