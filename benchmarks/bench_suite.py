@@ -33,11 +33,22 @@ from fairseq_hybrid.timing import ddp_rank
 from fairseq_hybrid.timing.training_steps import share_of, spawned
 
 
-def system_named(name: str, k: int) -> System:
-    for system in suite_systems(k):
+def all_systems(k: int, groups=()) -> list:
+    """The suite's systems and the groups given by ``--group NAME=OPTIONS``
+    (a group of K in its own options, e.g. those a plan chose)."""
+    extra = []
+    for given in groups:
+        name, _, options = given.partition("=")
+        extra.append(System(name.strip(), "group", threads=k, mode="hybrid", options=tuple(options.split())))
+    return suite_systems(k) + extra
+
+
+def system_named(name: str, k: int, groups=()) -> System:
+    systems = all_systems(k, groups)
+    for system in systems:
         if system.name == name:
             return system
-    raise SystemExit(f"no benchmark system {name!r}; the systems: {', '.join(s.name for s in suite_systems(k))}")
+    raise SystemExit(f"no benchmark system {name!r}; the systems: {', '.join(s.name for s in systems)}")
 
 
 # -- one system, in its own process ---------------------------------------------
@@ -100,7 +111,7 @@ def run_one(args):
 
     logging.disable(logging.WARNING)
     k, device = args.devices, args.device
-    system = system_named(args.one, k)
+    system = system_named(args.one, k, args.group)
     if system.kind == "gloo":
         rows = spawned(gloo_process, (k, args.data, args.max_tokens, args.batches, args.port, args.global_batch,
                                       args.model), k)
@@ -180,6 +191,9 @@ def write_outputs(result, out):
     lines.append(f"{result['device']}, {k} devices{model}, --max-tokens {result['max_tokens']}, {result['rounds']} rounds x "
                  f"{result['batches']} batches per system, every system in a fresh process per round; {ranks}; "
                  f"one intra-op thread per device unless the name says otherwise; measured {result['date']}.")
+    for given in result.get("groups", ()):
+        name, _, options = given.partition("=")
+        lines.append(f"{name.strip()}: a group of {k} with `{options.strip()}`.")
     groups = {name: row["group"] for name, row in rows.items() if row.get("group")}
     if groups:
         lines += ["", "| group | " + " | ".join(f"device {i} busy" for i in range(k)) +
@@ -204,7 +218,7 @@ def write_outputs(result, out):
     names = list(rows)
     values = [rows[name]["target_tokens_per_s"] for name in names]
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    kinds = {system.name: system for system in suite_systems(k)}
+    kinds = {system.name: system for system in all_systems(k, result.get("groups", ()))}
     colors = ["#999999" if kinds[n].kind == "fairseq_lstm" else "#4c72b0" if kinds[n].mode == "hybrid"
               else "#dd8452" for n in names]
     axis.barh(range(len(names)), values, color=colors)
@@ -241,6 +255,9 @@ def main(argv=None):
     parser.add_argument("--host-bound", action="store_true",
                         help=f"the regime a GPU's host is in, where a cell's call is mostly host time: --model "
                         f"'{HOST_BOUND}'")
+    parser.add_argument("--group", action="append", default=[], metavar="NAME=OPTIONS",
+                        help="a further system: a group of K devices with these fairseq options (e.g. "
+                        "'planned=--hybrid-chunk-length 13 --hybrid-micro-batches 1'); repeatable")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.host_bound:
@@ -255,11 +272,14 @@ def main(argv=None):
         return 0
 
     os.makedirs(args.out, exist_ok=True)
-    names = [system.name for system in suite_systems(args.devices)]
+    for given in args.group:
+        if "=" not in given or not given.partition("=")[0].strip():
+            parser.error(f"--group {given!r}: NAME=OPTIONS")
+    names = [system.name for system in all_systems(args.devices, args.group)]
     if args.systems:
         asked = [name.strip() for name in args.systems.split(";") if name.strip()]
         for name in asked:
-            system_named(name, args.devices)  # an unknown name: one line naming the systems
+            system_named(name, args.devices, args.group)  # an unknown name: one line naming the systems
         names = [name for name in names if name in asked]
     totals = {name: {"tokens": 0, "seconds": 0.0, "memory_mib": {}, "group": []} for name in names}
     started = time.time()
@@ -268,7 +288,7 @@ def main(argv=None):
             command = [sys.executable, os.path.abspath(__file__), args.data, "--one", name, "--device", args.device,
                        "--devices", str(args.devices), "--max-tokens", str(args.max_tokens),
                        "--batches", str(args.batches), "--port", str(args.port), "--model=" + args.model] + \
-                (["--global-batch"] if args.global_batch else [])
+                (["--global-batch"] if args.global_batch else []) + [f"--group={given}" for given in args.group]
             done = subprocess.run(command, capture_output=True, text=True, preexec_fn=ending_with_this_process())
             line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
             if done.returncode != 0 or not line:
@@ -286,15 +306,16 @@ def main(argv=None):
                   flush=True)
     result = {"device": args.device, "devices": args.devices, "max_tokens": args.max_tokens,
               "global_batch": args.global_batch, "batches": args.batches, "rounds": args.rounds, "model": args.model,
-              "date": time.strftime("%Y-%m-%d"), "minutes": (time.time() - started) / 60, "placement": "auto", "systems": {}}
-    for system in suite_systems(args.devices):
+              "date": time.strftime("%Y-%m-%d"), "minutes": (time.time() - started) / 60, "placement": "auto",
+              "groups": args.group, "systems": {}}
+    for system in all_systems(args.devices, args.group):
         if system.name not in totals:
             continue
         total = totals[system.name]
         result["systems"][system.name] = {"target_tokens_per_s": total["tokens"] / total["seconds"],
                                           "memory_mib": total["memory_mib"], "kind": system.kind,
                                           "mode": system.mode, "placement": system.placement,
-                                          "micro_batches": system.micro_batches}
+                                          "micro_batches": system.micro_batches, "options": " ".join(system.options)}
         if total["group"]:  # each round's mean over its steps, averaged over the rounds
             result["systems"][system.name]["group"] = {
                 name: sum(one[name] for one in total["group"]) / len(total["group"]) for name in total["group"][0]}

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """``fairseq-hybrid-plan --measure`` checked on this machine's CPU devices,
-in one run: the benchmark suite's systems that match the plan's candidates
-(one device with K threads, DDP over gloo with ``--global-batch``, one
-group), then the plan with ``--measure cpu,...``, at the same
+in one run: the plan with ``--measure cpu,...``, then the benchmark
+suite's systems that match the plan's candidates (one device with K
+threads, DDP over gloo with ``--global-batch``, a group in threads and
+one in processes, each group in the options the plan chose for it:
+chunk length, micro-batches, softmax chunks, placement), at the same
 ``--max-tokens`` on the same data, each in alternating rounds.  It
 answers: is each prediction within 10% of what the plan measured, and does
 the plan pick what the suite measures fastest or one within the suite's
@@ -32,19 +34,35 @@ BIN = os.path.dirname(sys.executable)
 HOST_BOUND = ["--arch", "hybrid_lstm_tiny", "--encoder-layers", "4", "--decoder-layers", "4"]  # bench_suite's
 
 
-def suite_names(k: int):
+def planned_groups(rows):
+    """Each group candidate of the plan as a suite system (``bench_suite.py
+    --group``): its name, and its options as the plan chose them."""
+    groups = {}
+    for row in rows:
+        if row.get("way") != "group":
+            continue
+        options = ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches",
+                   str(row["micro_batches"]), "--hybrid-softmax-chunks", str(row.get("softmax_chunks", 1)),
+                   "--hybrid-workers", row["workers"]]
+        if row.get("placement"):
+            options += ["--hybrid-placement", row["placement"]]
+        groups[row["name"]] = (f"{row['name']}, as planned", " ".join(options))
+    return groups
+
+
+def suite_names(k: int, groups):
     """The plan's candidates' counterparts among the suite's systems."""
     return {"one GPU": f"hybrid_lstm_base, 1 device, {k} threads",
             f"DDP on {k}": f"data parallel across {k} gloo processes",
-            f"one group of {k}, threads": f"hybrid on {k} devices, placement and micro-batches auto",
-            f"one group of {k}, processes": f"hybrid on {k} devices, placement and micro-batches auto, processes"}
+            **{candidate: name for candidate, (name, _) in groups.items()}}
 
 
-def run_suite(args, names, out):
+def run_suite(args, names, groups, out):
     command = [sys.executable, os.path.join(HERE, "bench_suite.py"), args.data, "--devices", str(args.devices),
                "--max-tokens", str(args.max_tokens), "--batches", str(args.suite_batches), "--rounds",
                str(args.rounds), "--systems", ";".join(names), "--no-simulation", "--global-batch", "--out", out,
-               "--port", str(args.port)] + (["--host-bound"] if args.host_bound else [])
+               "--port", str(args.port)] + (["--host-bound"] if args.host_bound else []) + \
+        [f"--group={name}={options}" for name, options in groups.values()]
     rounds = {name: [] for name in names}
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=ending_with_this_process()) as suite:
         for line in suite.stdout:
@@ -91,9 +109,10 @@ def main(argv=None) -> int:
     if not os.path.isdir(args.data):
         parser.error(f"{args.data}: {NO_DATA}")
     started = time.time()
-    names = suite_names(args.devices)
-    suite_rounds = run_suite(args, list(names.values()), args.out + "_suite")
     plan, printed = run_plan(args, args.out + "_plan.json")
+    groups = planned_groups(plan["rows"])
+    names = suite_names(args.devices, groups)
+    suite_rounds = run_suite(args, list(names.values()), groups, args.out + "_suite")
     suite = {name: {"median": statistics.median(values), "lowest": min(values), "highest": max(values),
                     "rounds": values} for name, values in suite_rounds.items()}
     fastest = max(suite, key=lambda name: suite[name]["median"])

@@ -243,10 +243,10 @@ def test_profile_training_smoke(binarized, tmp_path):
 @pytest.mark.slow
 @pytest.mark.benchmark
 def test_plan_measure_check_smoke(binarized, tmp_path):
-    """The suite's matching systems, then fairseq-hybrid-plan --measure,
-    and the report that sets them side by side: each candidate's
-    prediction, measurement and suite counterpart, and the plan's pick
-    against the suite's fastest."""
+    """fairseq-hybrid-plan --measure, then the suite's matching systems
+    (each group in the options the plan chose for it), and the report that
+    sets them side by side: each candidate's prediction, measurement and
+    suite counterpart, and the plan's pick against the suite's fastest."""
     out = tmp_path / "check"
     run(sys.executable, os.path.join(BENCHMARKS, "plan_measure_check.py"), binarized / "bin", "--rounds", "1",
         "--max-tokens", "200", "--suite-batches", "2", "--plan-batches", "2", "--port", "29673", "--out", out,
@@ -255,8 +255,16 @@ def test_plan_measure_check_smoke(binarized, tmp_path):
     assert [row["name"] for row in report["plan"]["rows"]] == ["one GPU", "DDP on 2", "one group of 2, threads",
                                                                "one group of 2, processes"]
     assert set(report["suite"]) == {"hybrid_lstm_base, 1 device, 2 threads", "data parallel across 2 gloo processes",
-                                    "hybrid on 2 devices, placement and micro-batches auto",
-                                    "hybrid on 2 devices, placement and micro-batches auto, processes"}
+                                    "one group of 2, threads, as planned", "one group of 2, processes, as planned"}
+    # the suite ran each group in the plan's own choice for it
+    ran = json.load(open(f"{out}_suite/bench.json"))["systems"]
+    for row in report["plan"]["rows"][2:]:
+        options = ran[row["name"] + ", as planned"]["options"].split()
+        given = dict(zip(options[::2], options[1::2]))
+        assert given["--hybrid-chunk-length"] == str(row["chunk_length"])
+        assert given["--hybrid-micro-batches"] == str(row["micro_batches"])
+        assert given["--hybrid-workers"] == row["workers"]
+        assert given.get("--hybrid-placement", "") == (row.get("placement") or "")
     suite, picked, fastest = report["suite"], report["plan_picks"], report["suite_fastest"]
     assert picked in suite and fastest == max(suite, key=lambda name: suite[name]["median"])
     assert all(row["median"] == statistics.median(row["rounds"]) for row in suite.values())

@@ -190,7 +190,9 @@ class System:
     gloo (K processes of DDP), copies (K independent single-device steps
     at once: the ceiling); ``micro_batches``: a group's
     ``--hybrid-micro-batches``.  ``threads``: intra-op threads of the process
-    (a group's workers run one each)."""
+    (a group's workers run one each); ``options``: a group's further
+    fairseq options (a plan's chosen chunk length, micro-batches,
+    softmax chunks and placement), after the others."""
 
     name: str
     kind: str
@@ -199,13 +201,14 @@ class System:
     placement: str = ""
     micro_batches: str = ""
     workers: str = ""  # a group's --hybrid-workers (default: the option's own)
+    options: Tuple[str, ...] = ()
 
     def model_args(self, devices: str) -> List[str]:
         if self.kind == "fairseq_lstm":
             return fairseq_lstm_args()
         if self.kind == "group":
             return preset_args("hybrid_lstm_base", devices, self.mode, 0, self.placement,
-                               micro_batches=self.micro_batches, workers=self.workers)
+                               micro_batches=self.micro_batches, workers=self.workers) + list(self.options)
         return preset_args("hybrid_lstm_base")
 
 
