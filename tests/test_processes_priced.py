@@ -74,34 +74,80 @@ def test_the_messages_counted_are_the_ones_the_stages_send(mode, count, micro_ba
         assert 0 < backward < sum(counted["backward"][0])
 
 
-def test_the_gpu_wire_sends_a_header_with_each_activation_and_none_with_a_gradient(dictionaries, monkeypatch):
+@pytest.mark.parametrize("mode,count,micro_batches", [("hybrid", 2, 1), ("hybrid", 3, 2), ("model", 2, 1)])
+def test_the_gpu_wire_describes_each_shape_once(mode, count, micro_batches, dictionaries, monkeypatch):
     """Stages on the GPU wire (gloo here, as between stages sharing a GPU):
-    every forward message the simulator counts goes with a header, every
-    backward one (a gradient, whose receiver knows its shape) without, and
-    the step equals the threads' to the bit."""
+    the first step of a shape sends every forward message with a header;
+    later steps of that shape send none, even for a batch of other rows
+    and lengths (each shape from the producer's cell kind), and a gradient
+    for every input read from another worker (one that needs none is sent
+    and dropped); a batch of another shape is described again.  Every
+    step equals the threads' to the bit."""
+    from fairseq_hybrid.harness.stand_ins import make_sample
     from fairseq_hybrid.parallel.processes import stage_processes
     from fairseq_hybrid.parallel.processes.gpu_wire import GpuWire
 
     counts = counted_sends(monkeypatch, GpuWire)  # with a header, sent known
     monkeypatch.setattr(stage_processes, "wire_ends", lambda context, size: [None] * size)  # gloo, not pipes
     criterion = HybridCrossEntropyCriterion(StandInTask(*dictionaries), False, 0.1)
-    runs = []
-    for workers in ("threads", "processes"):
-        options = {"hybrid_devices": "cpu,cpu", "hybrid_workers": workers, "hybrid_chunk_length": 2}
-        _, group, sample = single_and_group(dictionaries, options)
-        torch.manual_seed(5)
-        try:
-            runs.append(loss_and_grads(group, criterion, sample))
-        finally:
-            if group.hybrid_group.stages is not None:
-                group.hybrid_group.stages.close()
-    (threads, processes) = runs
-    assert torch.equal(processes[0], threads[0])
-    assert not [name for name in threads[2] if not torch.equal(processes[2][name], threads[2][name])]
-    built = build_step(group, group.hybrid_group.plan, sample["net_input"], sample["target"], None, 2, 1)
-    counted = messages(built.step.cells)
-    assert list(counts) == [sum(counted["forward"][0]), sum(counted["backward"][0])]
-    assert counts[0] > 0 and counts[1] > 0
+    options = {"hybrid_devices": ",".join(["cpu"] * count), "hybrid_mode": mode, "hybrid_chunk_length": 2,
+               "hybrid_micro_batches": micro_batches}
+    _, threads, first = single_and_group(dictionaries, {**options, "hybrid_workers": "threads"})
+    _, processes, _ = single_and_group(dictionaries, {**options, "hybrid_workers": "processes"})
+    # the same chunk counts as the first batch in each micro-batch, other rows and lengths; then one of fewer chunks
+    same_shape = make_sample(*dictionaries, *([[11, 4, 12, 2, 8], [9, 3, 5, 10, 2]] if micro_batches == 1 else
+                                              [[5, 8, 10, 12, 7, 12], [7, 7, 10, 8, 3, 6]]), seed=1)
+    other_shape = make_sample(*dictionaries, [5, 3, 6, 2], [4, 7, 3, 2], seed=2)
+    steps, shapes = [], []
+    try:
+        for sample in (first, first, same_shape, other_shape):
+            before = list(counts)
+            runs = []
+            for group in (threads, processes):
+                torch.manual_seed(5)
+                runs.append(loss_and_grads(group, criterion, sample))
+            (on_threads, on_processes) = runs
+            assert torch.equal(on_processes[0], on_threads[0])
+            assert not [name for name in on_threads[2] if not torch.equal(on_processes[2][name], on_threads[2][name])]
+            built = build_step(threads, threads.hybrid_group.plan, sample["net_input"], sample["target"], None, 2,
+                               micro_batches)
+            counted = messages(built.step.cells)
+            shapes.append(built.wiring)  # one per shape (its skeleton's)
+            steps.append((counts[0] - before[0], counts[1] - before[1], sum(counted["forward"][0]),
+                          sum(counted["backward"][0])))
+    finally:
+        processes.hybrid_group.stages.close()
+    assert shapes[0] is shapes[1] is shapes[2] is not shapes[3]
+    (headers, known, forward, backward), *later = steps
+    assert headers == forward > 0 and 0 < known <= backward  # described; a gradient for what needs one
+    assert known == backward or micro_batches > 1  # only a micro-batch's chunks past its sentences need none
+    for headers, known, forward, backward in later[:2]:  # the same shape: no header, every gradient
+        assert (headers, known) == (0, forward + backward)
+    headers, known, forward, backward = later[2]  # another shape: described again
+    assert headers == forward > 0 and known <= backward
+
+
+def test_a_cell_kind_that_declares_a_wrong_shape_fails_by_name(dictionaries, monkeypatch):
+    """A kind whose declared output shape is not what its cell makes stops
+    the step at the sender, naming the cell, before any receive of the
+    wrong size (here every declared first dimension one row too many)."""
+    from fairseq_hybrid.parallel.processes import stage_processes
+    from fairseq_hybrid.parallel.recipe import cell_kinds
+
+    for kind in (cell_kinds.SourceEmbedding, cell_kinds.EncoderDirection, cell_kinds.EncoderChunk,
+                 cell_kinds.EncoderTop, cell_kinds.TargetEmbedding, cell_kinds.DecoderChunk):
+        declared = kind.output_shapes
+        monkeypatch.setattr(kind, "output_shapes", lambda self, making, batch, declared=declared: tuple(
+            (shape[0] + 1, *shape[1:]) for shape in declared(self, making, batch)))
+    monkeypatch.setattr(stage_processes, "wire_ends", lambda context, size: [None] * size)  # the GPU wire
+    criterion = HybridCrossEntropyCriterion(StandInTask(*dictionaries), False, 0.1)
+    _, group, sample = single_and_group(dictionaries, {"hybrid_devices": "cpu,cpu", "hybrid_chunk_length": 2,
+                                                       "hybrid_workers": "processes"})
+    try:
+        with pytest.raises(Exception, match=r"its cell kind declares \(8, "):
+            loss_and_grads(group, criterion, sample)
+    finally:
+        group.hybrid_group.stages.close()
 
 
 def tiny_step(cost, k=2, chunk_length=3):
@@ -137,12 +183,18 @@ def test_each_cost_of_processes_adds_what_it_says(queued):
     talked = tiny_step(talking)[0]
     assert talked.forward > base.forward and talked.backward > base.backward
     assert talked.parts["messages (the busiest host)"] > 0
-    headerless = copy.deepcopy(talking)
-    headerless.gradient_headers = False  # the GPU wire: a gradient without a header costs no message's host time
-    quiet = tiny_step(headerless)[0]
+    forward_only = copy.deepcopy(talking)
+    forward_only.described = ("forward",)  # a pass whose messages go without a description costs none
+    quiet = tiny_step(forward_only)[0]
     assert quiet.forward == pytest.approx(talked.forward, rel=1e-12)
     assert quiet.backward == pytest.approx(base.backward, rel=1e-12)
     assert 0 < quiet.parts["messages (the busiest host)"] < talked.parts["messages (the busiest host)"]
+    headerless = copy.deepcopy(talking)
+    headerless.described = ()  # the GPU wire after a shape's first step
+    silent = tiny_step(headerless)[0]
+    assert (silent.forward, silent.backward) == (pytest.approx(base.forward, rel=1e-12),
+                                                 pytest.approx(base.backward, rel=1e-12))
+    assert silent.parts["messages (the busiest host)"] == 0
     building = copy.deepcopy(free)
     building.build_fixed, building.build_per_cell, building.build_per_own_cell = 1e-4, 5e-6, 8e-6
     built = tiny_step(building)[0]
@@ -156,18 +208,17 @@ def test_each_cost_of_processes_adds_what_it_says(queued):
 
 def test_the_gpu_forecast_prices_processes_as_measured(tmp_path):
     """Under a GPU set, a process per device takes the measured file's
-    costs (a header through the stages' pipes at each end of a forward
-    message, none with a gradient), or, where a cost file
+    costs (its build and commands; no message's host time: after a
+    shape's first step nothing between GPU stages goes with a header),
+    or, where a cost file
     holds the GPU check's readings for processes, their host time per call
     and nothing beside it."""
     report = gpu_costs.worker_costs_report()
     cost = gpu_costs.as_built_processes(CostModel(fixed=dict(FIXED)), "a100", None, 4)
     assert cost.workers == "processes"
-    assert cost.message_send == report["host_wire"]["message_send"]
-    assert cost.message_receive == report["host_wire"]["message_receive"]
+    assert (cost.message_send, cost.message_receive, cost.described) == (0.0, 0.0, ())
     assert cost.build_per_cell == report["build_per_cell"] and cost.command_round_trip == report["command_round_trip"]
     assert cost.copy_bandwidth == gpu_costs.MEMORY_BANDWIDTH["a100"] / 2
-    assert cost.gradient_headers is False  # a gradient goes without one: only the forward messages are priced
     readings = {"workers": {"rows": [
         {"devices": "cuda:0", "workers": "processes", "host_us_per_call": [40.0]},
         {"devices": "cuda:0,cuda:1,cuda:2,cuda:3", "workers": "processes", "host_us_per_call": [50.0, 70.0, 60.0, 60.0]},
@@ -216,7 +267,8 @@ def test_auto_takes_the_workers_the_h200_file_prices_faster(tmp_path):
     shutil.copy("docs/bench/cost_file_h200.json", path)
     add_engine_cost_model(path, parse_training(["-", "--arch", "hybrid_lstm_paper", "--batch-size", "128"]), 4)
     threads, processes = CostModel.load(path), CostModel.load(path, "processes_cost_model")
-    assert threads.workers == "threads" and processes.workers == "processes" and processes.message_send > 0
+    assert threads.workers == "threads" and processes.workers == "processes" and processes.command_round_trip > 0
+    assert list(processes.described) == []  # no message goes with a header once a shape is described
     model, cfg = twin_model("hybrid_lstm_paper", 32000)
     plan = build_plan(",".join(["cpu"] * 4), "", "hybrid", cfg.encoder_layers, cfg.decoder_layers)
     sample = batch(128, [50] * 128, 50)
@@ -265,7 +317,6 @@ def test_auto_without_prices_for_processes_keeps_threads(dictionaries, tmp_path)
 def test_the_wire_measurement_leaves_no_process_when_its_own_ends_abruptly():
     """The peer a wire measurement forks ends with the process that
     measures, even one killed mid-measurement (os._exit: no handler runs)."""
-    import os
     import subprocess
     import sys
     import time

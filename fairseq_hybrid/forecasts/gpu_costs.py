@@ -219,9 +219,9 @@ def worker_costs_report(path: str = WORKER_COSTS_FILE) -> Dict:
 
 def as_built_processes(cost: CostModel, name: str, path: Optional[str], k: int) -> CostModel:
     """``cost`` (each worker's host its own) with what a process per device
-    costs beyond it: each stage's build of the step, a header's host time
-    through the stages' pipes at each end of every forward message (a
-    gradient goes without one; NCCL's own call not counted), the
+    costs beyond it: each stage's build of the step, no message's host
+    time (after a shape's first step no message between GPU stages goes
+    with a header, processes/gpu_wire.py; NCCL's own call not counted), the
     trainer's two commands (:data:`WORKER_COSTS_FILE`, measured on a CPU
     host), and each stage's copy of its gradients at the set's memory
     bandwidth.  Where the cost file holds the GPU check's ``workers``
@@ -233,9 +233,9 @@ def as_built_processes(cost: CostModel, name: str, path: Optional[str], k: int) 
         cost.fixed = {key: readings for key in cost.fixed}
         return cost
     report = worker_costs_report()
-    built = cost.as_processes({**report, **report["host_wire"],  # the GPU wire's headers go through the pipes
+    built = cost.as_processes({**report, "message_send": 0.0, "message_receive": 0.0,
                                "copy_bandwidth": MEMORY_BANDWIDTH.get(name, MEMORY_BANDWIDTH["a100"]) / 2})
-    built.gradient_headers = False  # the GPU wire's gradients go without a header (processes/gpu_wire.py)
+    built.described = ()  # no header on the GPU wire once a shape has been described (processes/gpu_wire.py)
     return built
 
 

@@ -142,10 +142,11 @@ class CostModel:
     message_receive: float = 0.0
     command_round_trip: float = 0.0  # the trainer's command to its stages and their replies, twice a step
     copy_bandwidth: float = 0.0  # bytes/s of a stage's copy of its gradients for the trainer (0: free)
-    # whether a gradient between stages costs a message's host time like an activation: on the host wire every
-    # message carries its description; the GPU wire sends a gradient without a header (its receiver knows the
-    # shape), leaving only NCCL's call, which no message here is priced with
-    gradient_headers: bool = True
+    # the passes whose messages between stages carry a description (a message's host time above): every one
+    # on the host wire; none on the GPU wire once a shape's first step has described its activations (a
+    # receiver knows each shape from the layout and a gradient's from the output it sent), leaving NCCL's
+    # own call, which no message here is priced with
+    described: Tuple[str, ...] = ("forward", "backward")
     note: str = ""
 
     def overhead(self, devices: int) -> float:
@@ -397,11 +398,10 @@ def messages(cells: Sequence[Cell]) -> Dict[str, Tuple[List[int], List[int]]]:
 
 def message_seconds(cells: Sequence[Cell], cost: CostModel) -> Dict[str, List[float]]:
     """Each cell's host seconds in its messages to and from other workers,
-    by phase (:func:`messages`; backward free where gradients go without
-    headers, ``CostModel.gradient_headers``)."""
+    by phase (:func:`messages`; free in a pass whose messages go without a
+    description, ``CostModel.described``)."""
     counted = messages(cells)
-    priced = {"forward": True, "backward": cost.gradient_headers}
-    return {phase: [(cost.message_send * sent + cost.message_receive * received) if priced[phase] else 0.0
+    return {phase: [(cost.message_send * sent + cost.message_receive * received) if phase in cost.described else 0.0
                     for sent, received in zip(*counted[phase])] for phase in PHASES}
 
 

@@ -12,7 +12,10 @@ a gradient, or "nothing") followed by the tensor; the header goes through
 the pipes the trainer made between its stages (:mod:`.host_wire`: one write
 and one read, where a gloo message costs each end a hand-off to gloo's I/O
 thread, docs/processes.md), or through gloo where there are none, so that
-a receiver learns a tensor's shape without waiting for its GPU.  A gradient
+a receiver learns a tensor's shape without waiting for its GPU.  Only the
+first step of each shape (and grad mode and autocast) sends them: after
+it a forward message goes without one, its shape from the layout and its
+dtype from that first step (:class:`..runtime.channels.OverWire`).  A gradient
 goes without a header: its receiver sent the output it belongs to, so it
 knows the shape and dtype (``expect``'s ``likes``; the sender's ``known``),
 and a gradient comes back only for an output sent as needing one
@@ -100,6 +103,8 @@ class InOrder:
 
 class GpuWire(InOrder):
     """This stage's messages to and from the other stages of its group."""
+
+    describes_once = True  # a forward message goes without a header once its shape's step has described it
 
     def __init__(self, rank: int, size: int, store, device: torch.device, timeout: float,
                  distinct_devices: bool = True, header_wire: Optional[InOrder] = None):

@@ -98,8 +98,8 @@ class Stage:
             built = self.build(self.model, self.plan, None, None, step["shard_loss"], replicas=self.replicas,
                                worker=self.me, layout=step["layout"])
             self._refresh_replicas(built)
-            channel = OverWire(self.me, self.wire, self._say) if self.wire is not None else InProcess(
-                self._say)
+            channel = OverWire(self.me, self.wire, self._say, built.output_shapes) if self.wire is not None \
+                else InProcess(self._say)
             hand_offs = [(use.cells, partial(self._hand_off, use)) for use in built.replica_uses + built.master_uses
                          if use.worker == self.me]
             graph = CellGraph(built.step.cells, _Devices(self.plan.devices), step["seed"], channel=channel,

@@ -3,6 +3,11 @@ type that holds what picks its piece of the step (a layer, a time chunk, a
 shard) and makes its code and its cost-model work from a staged
 micro-batch (:class:`.staging.StagedBatch`).
 
+A kind also says the shape of each of its outputs from the micro-batch's
+layout alone (``output_shapes``), without running anything: a stage on
+the GPU wire receives another stage's output without a header
+(:class:`..runtime.channels.OverWire`).
+
 A kind says nothing about the batch itself, so the list of a step's cells,
 each with its kind, is the same for every batch of one shape
 (:mod:`.step_skeleton` keeps it), and a worker makes the code of its own
@@ -24,6 +29,7 @@ from .staging import StagedBatch
 from .step_builder import StepBuilder, join
 
 Made = Tuple[Callable[..., Sequence[Tensor]], Work]
+Shapes = Optional[Tuple[Tuple[int, ...], ...]]  # each output's shape; None: not declared
 
 
 class Making(NamedTuple):
@@ -63,6 +69,10 @@ class SourceEmbedding(NamedTuple):
         return with_masks(mask, embed_source), Work("embedding", batch.source_tokens,
                                                     (encoder.embed_tokens.embedding_dim,))
 
+    def output_shapes(self, making: Making, batch: StagedBatch) -> Shapes:
+        width = making.encoder.embed_tokens.embedding_dim
+        return tuple((batch.rows, size, width) for size in batch.source_sizes())
+
 
 class EncoderDirection(NamedTuple):
     """One direction of bidirectional encoder layer ``layer`` over the
@@ -100,6 +110,11 @@ class EncoderDirection(NamedTuple):
         return with_masks(mask, run_direction), Work("lstm", batch.source_tokens,
                                                      (module.input_size, module.hidden_size, batch.source_width))
 
+    def output_shapes(self, making: Making, batch: StagedBatch) -> Shapes:
+        hidden = making.encoder.layers[self.layer].hidden_size
+        return (*((batch.rows, size, hidden) for size in batch.source_sizes()), (batch.rows, hidden),
+                (batch.rows, hidden))
+
 
 class EncoderChunk(NamedTuple):
     """Time chunk ``chunk`` of unidirectional encoder layer ``layer``,
@@ -130,6 +145,11 @@ class EncoderChunk(NamedTuple):
         return with_masks(mask, run_chunk), Work("lstm", batch.chunk_tokens[c], (module.input_size, module.hidden_size,
                                                                                   chunk.stop - chunk.start))
 
+    def output_shapes(self, making: Making, batch: StagedBatch) -> Shapes:
+        hidden = making.encoder.layers[self.layer].hidden_size
+        chunk = batch.source_chunks[self.chunk]
+        return (batch.rows, chunk.stop - chunk.start, hidden), (batch.rows, hidden), (batch.rows, hidden)
+
 
 class EncoderTop(NamedTuple):
     """The top encoder layer's ``count`` chunks of ``width`` parts joined,
@@ -151,6 +171,9 @@ class EncoderTop(NamedTuple):
 
         return encoder_top, Work("gather", batch.rows * batch.source_width, (encoder.output_size,))
 
+    def output_shapes(self, making: Making, batch: StagedBatch) -> Shapes:
+        return tuple((rows.stop - rows.start, batch.source_width, making.encoder.output_size) for rows in batch.shards)
+
 
 class TargetEmbedding(NamedTuple):
     """The target embedding, its output cut into the time chunks."""
@@ -165,6 +188,10 @@ class TargetEmbedding(NamedTuple):
 
         return (with_masks(batch.pick(lambda m: m.target, plan.decoder_device(0)), embed_target),
                 Work("embedding", prev_output_tokens.numel(), (decoder.embed_tokens.embedding_dim,)))
+
+    def output_shapes(self, making: Making, batch: StagedBatch) -> Shapes:
+        width = making.decoder.embed_tokens.embedding_dim
+        return tuple((batch.rows, chunk.stop - chunk.start, width) for chunk in batch.target_chunks)
 
 
 class DecoderChunk(NamedTuple):
@@ -204,6 +231,15 @@ class DecoderChunk(NamedTuple):
         return with_masks(mask, run_chunk), Work("lstm", batch.rows * steps,
                                                  (module.input_size, module.hidden_size, steps))
 
+    def output_shapes(self, making: Making, batch: StagedBatch) -> Shapes:
+        hidden = making.decoder.layers[self.layer].hidden_size
+        span = batch.target_chunks[self.chunk]
+        steps = span.stop - span.start
+        state = ((batch.rows, hidden), (batch.rows, hidden))
+        if self.top:
+            return (*state, *((rows.stop - rows.start, steps, hidden) for rows in batch.shards))
+        return (*state, (batch.rows, steps, hidden))
+
 
 class AttentionSoftmax(NamedTuple):
     """Batch shard ``shard`` of the attention-softmax part over the target
@@ -239,3 +275,6 @@ class AttentionSoftmax(NamedTuple):
         mask = batch.pick(lambda m: m.features[rows, span], device)
         return with_masks(mask, run_shard), Work("attention_softmax", (rows.stop - rows.start) * (span.stop - span.start),
                                                  sizes)
+
+    def output_shapes(self, making: Making, batch: StagedBatch) -> Shapes:
+        return None  # loss sums, read by the trainer alone

@@ -84,5 +84,9 @@ def hybrid_cells(model, plan: DevicePlan, staged: StagedStep, shard_loss,
                 else step.replicas.direction(*shape.key[1:])
         return ReplicaUse(replicas, shape.worker, shape.cells, shape.home)
 
+    def output_shapes(index: int):
+        entry = skeleton.entries[index]
+        return entry.kind.output_shapes(making, staged.micro_batches[entry.batch])
+
     return BuiltStep(step, list(skeleton.results), tuple(use(shape) for shape in skeleton.replica_uses),
-                     tuple(use(shape) for shape in skeleton.master_uses), skeleton.wiring)
+                     tuple(use(shape) for shape in skeleton.master_uses), skeleton.wiring, output_shapes)

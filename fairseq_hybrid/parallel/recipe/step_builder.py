@@ -94,6 +94,9 @@ class BuiltStep(NamedTuple):
     master_uses: Tuple[ReplicaUse, ...] = ()
     # the cells' orders, readers and routes, kept with their shape's skeleton (None: the graph makes them)
     wiring: Optional[Wiring] = None
+    # a cell's outputs' shapes from the layout alone, by cell (None: not declared; a stage on the GPU wire
+    # then describes each message it sends)
+    output_shapes: Optional[Callable[[int], Optional[Tuple[Tuple[int, ...], ...]]]] = None
 
 
 def replica_uses(replicas: Replicas, cells: Dict[int, List[int]], home: int) -> List[ReplicaUse]:

@@ -44,6 +44,11 @@ class Wiring:
                     self.consumers[producer].append(index)
         self._sent: Optional[Tuple[Dict[Ref, List[int]], Dict[int, List[Ref]]]] = None  # the same for every worker
         self._routes: Dict[int, Routes] = {}
+        # by thread state (grad mode, autocast): the dtype of each output a stage has sent or received with a
+        # header in a step of this shape; a stage on the GPU wire sends it without one from then on
+        # (:class:`.channels.OverWire`; every stage meets the same shapes in the same order, so each side
+        # knows what the other has seen)
+        self.described: Dict[object, Dict[Ref, object]] = {}
 
     def __len__(self) -> int:
         return len(self.workers)
