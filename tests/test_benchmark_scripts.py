@@ -4,6 +4,7 @@ the scripts, never asserted by tests)."""
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -274,6 +275,17 @@ def test_plan_measure_check_smoke(binarized, tmp_path):
     assert "Predictions within 10% of the plan's own measurement" in open(f"{out}.md").read()
 
 
+
+
+@pytest.mark.benchmark
+def test_calibration_thread_order_smoke(binarized):
+    """Each order of thread counts in a fresh process, each of its six
+    settings timed."""
+    done = run(sys.executable, os.path.join(BENCHMARKS, "calibration_thread_order.py"), binarized / "bin", "--runs", "1",
+               timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("run 1")]
+    assert [line.split(":")[0] for line in lines] == ["run 1, began at K", "run 1, began at 1"]
+    assert [len(re.findall(r"\dt \d+ ms", line)) for line in lines] == [6, 6]
 
 
 @pytest.mark.benchmark

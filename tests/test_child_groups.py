@@ -16,6 +16,10 @@ from fairseq_hybrid.harness.child_groups import run_in_group
 
 # a script whose child (bash) starts two grandchildren and waits for them
 SCRIPT = """
+import signal
+# Ctrl-C as a terminal gives it: a shell that ran this suite in the background leaves SIGINT ignored,
+# and Python then installs no KeyboardInterrupt of its own
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from fairseq_hybrid.harness.child_groups import group_of_its_own
 with group_of_its_own(["bash", "-c", "sleep 300 & sleep 300 & wait"]) as process:
     process.wait()
