@@ -33,14 +33,17 @@ from fairseq_hybrid.timing import ddp_rank
 from fairseq_hybrid.timing.training_steps import share_of, spawned
 
 
+def group_given(given: str):
+    """``--group NAME=OPTIONS``'s name and its options."""
+    name, _, options = given.partition("=")
+    return name.strip(), options.strip()
+
+
 def all_systems(k: int, groups=()) -> list:
     """The suite's systems and the groups given by ``--group NAME=OPTIONS``
     (a group of K in its own options, e.g. those a plan chose)."""
-    extra = []
-    for given in groups:
-        name, _, options = given.partition("=")
-        extra.append(System(name.strip(), "group", threads=k, mode="hybrid", options=tuple(options.split())))
-    return suite_systems(k) + extra
+    return suite_systems(k) + [System(name, "group", threads=k, mode="hybrid", options=tuple(options.split()))
+                               for name, options in map(group_given, groups)]
 
 
 def system_named(name: str, k: int, groups=()) -> System:
@@ -191,9 +194,8 @@ def write_outputs(result, out):
     lines.append(f"{result['device']}, {k} devices{model}, --max-tokens {result['max_tokens']}, {result['rounds']} rounds x "
                  f"{result['batches']} batches per system, every system in a fresh process per round; {ranks}; "
                  f"one intra-op thread per device unless the name says otherwise; measured {result['date']}.")
-    for given in result.get("groups", ()):
-        name, _, options = given.partition("=")
-        lines.append(f"{name.strip()}: a group of {k} with `{options.strip()}`.")
+    for name, options in map(group_given, result.get("groups", ())):
+        lines.append(f"{name}: a group of {k} with `{options}`.")
     groups = {name: row["group"] for name, row in rows.items() if row.get("group")}
     if groups:
         lines += ["", "| group | " + " | ".join(f"device {i} busy" for i in range(k)) +
@@ -273,7 +275,7 @@ def main(argv=None):
 
     os.makedirs(args.out, exist_ok=True)
     for given in args.group:
-        if "=" not in given or not given.partition("=")[0].strip():
+        if "=" not in given or not group_given(given)[0]:
             parser.error(f"--group {given!r}: NAME=OPTIONS")
     names = [system.name for system in all_systems(args.devices, args.group)]
     if args.systems:

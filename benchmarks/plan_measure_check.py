@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+from fairseq_hybrid.candidates.ways import from_row
 from fairseq_hybrid.harness.measuring import NO_DATA, ending_with_this_process, write_report
 from fairseq_hybrid.timing.cpu_calibration import cpu_name
 
@@ -37,17 +38,8 @@ HOST_BOUND = ["--arch", "hybrid_lstm_tiny", "--encoder-layers", "4", "--decoder-
 def planned_groups(rows):
     """Each group candidate of the plan as a suite system (``bench_suite.py
     --group``): its name, and its options as the plan chose them."""
-    groups = {}
-    for row in rows:
-        if row.get("way") != "group":
-            continue
-        options = ["--hybrid-chunk-length", str(row["chunk_length"]), "--hybrid-micro-batches",
-                   str(row["micro_batches"]), "--hybrid-softmax-chunks", str(row.get("softmax_chunks", 1)),
-                   "--hybrid-workers", row["workers"]]
-        if row.get("placement"):
-            options += ["--hybrid-placement", row["placement"]]
-        groups[row["name"]] = (f"{row['name']}, as planned", " ".join(options))
-    return groups
+    return {row["name"]: (f"{row['name']}, as planned", " ".join(from_row(row).group_options()))
+            for row in rows if row.get("way") == "group"}
 
 
 def suite_names(k: int, groups):
